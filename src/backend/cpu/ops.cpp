@@ -1,0 +1,118 @@
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace kd::cpu {
+
+void dequant_row(const Weight& w, int64_t r, float* out) {
+  const int64_t k = w.cols;
+  if (w.int4) {
+    const uint32_t* words = static_cast<const uint32_t*>(w.data) + r * w.words_per_row();
+    const uint16_t* sc = w.scales + r * (k / w.group);
+    if (w.group % 8 == 0 && k % 8 == 0) {
+      const int64_t words_per_group = w.group / 8;
+      for (int64_t g = 0; g < k / w.group; ++g) {
+        const float s = bf16_to_f32(sc[g]);
+        for (int64_t j = 0; j < words_per_group; ++j) {
+          uint32_t word = words[g * words_per_group + j];
+          float* o = out + (g * words_per_group + j) * 8;
+          for (int i = 0; i < 8; ++i) o[i] = float(int32_t((word >> (4 * i)) & 0xfu) - 8) * s;
+        }
+      }
+    } else {  // general group size / a ragged last word
+      for (int64_t c = 0; c < k; ++c) {
+        uint32_t nib = (words[c / 8] >> (4 * (c % 8))) & 0xfu;
+        out[c] = float(int32_t(nib) - 8) * bf16_to_f32(sc[c / w.group]);
+      }
+    }
+    return;
+  }
+  switch (w.dtype) {
+    case DType::F32:
+      std::memcpy(out, static_cast<const float*>(w.data) + r * k, size_t(k) * sizeof(float));
+      return;
+    case DType::BF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * k;
+      for (int64_t c = 0; c < k; ++c) out[c] = bf16_to_f32(p[c]);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * k;
+      for (int64_t c = 0; c < k; ++c) out[c] = f16_to_f32(p[c]);
+      return;
+    }
+    default:
+      fail(w.name, ": dtype ", dtype_name(w.dtype), " cannot be used as a weight");
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  for (int s = kLanes / 2; s > 0; s /= 2)
+    for (int j = 0; j < s; ++j) acc[j] += acc[j + s];
+  return acc[0] + tail;
+}
+
+void linear(const Weight& w, const float* x, int64_t m, float* y) {
+  // Dequantise a block of weight rows once, then run every input row against it: the weight is
+  // streamed once per call whatever m is, and x is re-read once per block.
+  constexpr int64_t kBlock = 8;
+  const int64_t n_rows = w.rows, k = w.cols;
+  const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
+  ThreadPool::global().parallel_for(n_blocks, 4, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(static_cast<size_t>(kBlock * k));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kBlock, r1 = std::min(n_rows, r0 + kBlock);
+      for (int64_t r = r0; r < r1; ++r) dequant_row(w, r, buf.data() + (r - r0) * k);
+      for (int64_t i = 0; i < m; ++i) {
+        const float* xi = x + i * k;
+        float* yi = y + i * n_rows;
+        for (int64_t r = r0; r < r1; ++r) yi[r] = dot(buf.data() + (r - r0) * k, xi, k);
+      }
+    }
+  });
+}
+
+void embed(const Weight& w, const int32_t* ids, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) dequant_row(w, ids[i], out + i * w.cols);
+}
+
+void rmsnorm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
+    const float inv = float(1.0 / std::sqrt(ss / double(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) o[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+void rope_gptj(float* v, int64_t half, const float* inv_freq, int64_t position, float attn_scaling) {
+  for (int64_t i = 0; i < half; ++i) {
+    // HF forms the angle as fp32(inv_freq) × fp32(position) in fp32.
+    const float angle = inv_freq[i] * float(position);
+    const float c = std::cos(angle) * attn_scaling, s = std::sin(angle) * attn_scaling;
+    const float a = v[2 * i], b = v[2 * i + 1];
+    v[2 * i] = a * c - b * s;
+    v[2 * i + 1] = b * c + a * s;
+  }
+}
+
+void swiglu(const float* g, const float* u, int64_t n, float* h) {
+  for (int64_t i = 0; i < n; ++i) h[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+}  // namespace kd::cpu

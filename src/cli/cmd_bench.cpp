@@ -1,0 +1,121 @@
+// `kdtree bench`: llama-bench style prefill / decode throughput, with the weight bytes streamed
+// and the ratio to this machine's measured read bandwidth (the decode ceiling on a CPU).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "io/checkpoint.h"
+#include "model/deepseek_v3.h"
+#include "model/tensor_plan.h"
+#include "sample/sampler.h"
+
+namespace kd::cli {
+
+void add_bench(CLI::App& app, BenchOptions& o) {
+  auto* c = app.add_subcommand("bench", "Measure prefill and decode speed against the memory-bandwidth ceiling");
+  c->add_option("-m,--model", o.model, "Checkpoint directory")->required();
+  c->add_option("-p,--n-prompt", o.n_prompt, "Prompt tokens for the prefill test")->check(CLI::Range(1, 1 << 20));
+  c->add_option("-n,--n-gen", o.n_gen, "Tokens for the decode test")->check(CLI::Range(1, 1 << 20));
+  c->add_option("-r,--repetitions", o.repetitions, "Repetitions; the median is reported")->check(CLI::Range(1, 1000));
+  c->add_option("--device", o.device, "cpu (cuda arrives with the CUDA backend issue)");
+  c->add_flag("--json", o.json, "Print one JSON object");
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Read-only streaming bandwidth over a buffer much larger than the caches, all threads, in GB/s.
+double measure_read_bandwidth() {
+  const size_t n = size_t(256) << 20;  // 1 GiB of floats
+  std::vector<float> buf(n, 1.0f);
+  std::vector<double> runs;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<float> partial(size_t(ThreadPool::global().size()), 0.0f);
+    const double t0 = now_s();
+    ThreadPool::global().parallel_for(int64_t(n), 1 << 20, [&](int64_t b, int64_t e) {
+      float acc[16] = {};
+      for (int64_t i = b; i + 16 <= e; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += buf[size_t(i + j)];
+      float s = 0;
+      for (float a : acc) s += a;
+      partial[size_t(b * int64_t(partial.size()) / int64_t(n))] = s;
+    });
+    const double dt = now_s() - t0;
+    if (std::accumulate(partial.begin(), partial.end(), 0.0) <= 0) fail("bandwidth probe: bad sum");
+    runs.push_back(double(n * sizeof(float)) / dt / 1e9);
+  }
+  return median(runs);
+}
+
+}  // namespace
+
+int cmd_bench(const BenchOptions& o) {
+  if (o.device != "cpu") fail("--device ", o.device, ": this build has only the CPU backend; use --device cpu");
+  Checkpoint ckpt(o.model);
+  DeepseekV3 model(ckpt);
+  const ModelConfig& c = model.config();
+  const ModelStats stats = model_stats(c);
+  log_info("measuring memory read bandwidth …");
+  const double bw = measure_read_bandwidth();
+
+  std::vector<int32_t> prompt(size_t(o.n_prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+  std::vector<double> pp_ms, tg_ms, pp_gb, tg_gb;
+  std::vector<float> logits(size_t(c.vocab_size));
+  for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {  // the first repetition warms caches and is dropped
+    LatentCache cache = model.new_cache(o.n_prompt + o.n_gen + 1);
+    ForwardStats st;
+    double t0 = now_s();
+    model.forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data(), &st);
+    const double pp = (now_s() - t0) * 1e3;
+    const uint64_t pp_bytes = st.weight_bytes;
+    st = {};
+    t0 = now_s();
+    for (int64_t i = 0; i < o.n_gen; ++i) {
+      int32_t tok = argmax(logits.data(), int32_t(c.vocab_size));
+      model.forward(cache, &tok, 1, AttnForm::absorbed, false, logits.data(), &st);
+    }
+    const double tg = (now_s() - t0) * 1e3;
+    if (rep == 0) continue;
+    pp_ms.push_back(pp);
+    tg_ms.push_back(tg);
+    pp_gb.push_back(double(pp_bytes) / (pp * 1e-3) / 1e9);
+    tg_gb.push_back(double(st.weight_bytes) / (tg * 1e-3) / 1e9);
+  }
+  const double pp = median(pp_ms), tg = median(tg_ms);
+  const double pp_tps = double(o.n_prompt) / pp * 1e3, tg_tps = double(o.n_gen) / tg * 1e3;
+  const double pp_gbps = median(pp_gb), tg_gbps = median(tg_gb);
+  const int threads = ThreadPool::global().size();
+  if (o.json) {
+    nlohmann::ordered_json j = {
+        {"model", o.model}, {"backend", "cpu"}, {"threads", threads}, {"weights_bytes", stats.stored_bytes},
+        {"read_bandwidth_gb_per_s", bw}, {"repetitions", o.repetitions},
+        {"prefill", {{"tokens", o.n_prompt}, {"ms", pp}, {"tokens_per_s", pp_tps}, {"weight_gb_per_s", pp_gbps}}},
+        {"decode", {{"tokens", o.n_gen}, {"ms", tg}, {"tokens_per_s", tg_tps}, {"weight_gb_per_s", tg_gbps},
+                    {"fraction_of_read_bandwidth", tg_gbps / bw}}}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("| model | size | backend | threads | test | t/s | GB/s | %% of read bw |\n");
+  std::printf("| --- | ---: | --- | ---: | --- | ---: | ---: | ---: |\n");
+  std::printf("| %s | %.1f MB | cpu | %d | pp%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6,
+              threads, (long long)o.n_prompt, pp_tps, pp_gbps, 100 * pp_gbps / bw);
+  std::printf("| %s | %.1f MB | cpu | %d | tg%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6,
+              threads, (long long)o.n_gen, tg_tps, tg_gbps, 100 * tg_gbps / bw);
+  std::printf("\nmeasured read bandwidth: %.2f GB/s (%d threads, median of 5); median of %lld repetitions\n", bw, threads,
+              (long long)o.repetitions);
+  return 0;
+}
+
+}  // namespace kd::cli

@@ -1,0 +1,157 @@
+// `kdtree inspect`: what a checkpoint is and what it costs to run, from config.json and the
+// safetensors headers only (no tensor data is read).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/tensor_plan.h"
+
+namespace kd::cli {
+
+void add_inspect(CLI::App& app, InspectOptions& o) {
+  auto* c = app.add_subcommand("inspect", "Print a model's architecture, sizes and memory needs without reading weights");
+  auto* m = c->add_option("-m,--model", o.model, "Checkpoint directory");
+  auto* p = c->add_option("--preset", o.preset, "A built-in shape instead of a directory (tiny, small, medium, k2)");
+  auto* f = c->add_option("--config", o.config, "A config.json instead of a directory");
+  m->excludes(p, f);
+  p->excludes(f);
+  c->add_option("--ctx", o.ctx, "Context length for the memory estimate")->check(CLI::PositiveNumber);
+  c->add_flag("--json", o.json, "Print one JSON object");
+}
+
+namespace {
+std::string gb(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GB", double(b) / 1e9);
+  return buf;
+}
+std::string count(int64_t n) {
+  char buf[32];
+  if (n >= 1000000000) std::snprintf(buf, sizeof buf, "%.4g B", double(n) / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.4g M", double(n) / 1e6);
+  return buf;
+}
+}  // namespace
+
+int cmd_inspect(const InspectOptions& o) {
+  ModelConfig c;
+  std::unique_ptr<Checkpoint> ck;
+  std::string source;
+  if (!o.model.empty()) {
+    ck = std::make_unique<Checkpoint>(o.model);
+    c = ck->config();
+    source = o.model;
+  } else if (!o.preset.empty()) {
+    c = parse_model_config(preset_config_json(o.preset), "preset " + o.preset);
+    source = "preset " + o.preset;
+  } else if (!o.config.empty()) {
+    std::ifstream f(o.config, std::ios::binary);
+    if (!f) fail(o.config, ": cannot open");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    c = parse_model_config(ss.str(), o.config);
+    source = o.config;
+  } else {
+    fail("inspect needs -m DIR, --preset NAME or --config FILE");
+  }
+  const ModelStats s = model_stats(c);
+  const uint64_t kv_ctx = s.kv_bytes_per_token_bf16 * uint64_t(o.ctx);
+
+  std::map<std::string, int64_t> by_dtype;
+  int64_t unused = 0;
+  if (ck) {
+    std::map<std::string, bool> planned;
+    for (const auto& t : plan_tensors(c)) {
+      if (t.int4) {
+        for (const char* suf : {".weight_packed", ".weight_scale", ".weight_shape"}) planned[t.name + suf] = true;
+      } else {
+        planned[t.name] = true;
+      }
+    }
+    for (const auto& [name, ref] : ck->tensors()) {
+      by_dtype[std::string(dtype_name(ref.info->dtype))]++;
+      if (!planned.count(name)) ++unused;
+    }
+  }
+
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["source"] = source;
+    j["architecture"] = c.architecture;
+    j["model_type"] = c.model_type;
+    j["tensor_prefix"] = c.tensor_prefix;
+    j["layers"] = {{"total", c.num_hidden_layers}, {"dense", c.first_k_dense_replace}, {"moe", c.num_hidden_layers - c.first_k_dense_replace}};
+    j["hidden_size"] = c.hidden_size;
+    j["vocab_size"] = c.vocab_size;
+    j["attention"] = {{"heads", c.num_attention_heads}, {"q_lora_rank", c.q_lora_rank}, {"kv_lora_rank", c.kv_lora_rank},
+                      {"qk_nope_head_dim", c.qk_nope_head_dim}, {"qk_rope_head_dim", c.qk_rope_head_dim},
+                      {"v_head_dim", c.v_head_dim}, {"softmax_scale", c.softmax_scale()}};
+    j["rope"] = {{"theta", c.rope_theta}, {"yarn", c.rope.yarn}, {"factor", c.rope.factor}, {"beta_fast", c.rope.beta_fast},
+                 {"beta_slow", c.rope.beta_slow}, {"attention_scaling", c.rope_attention_scaling()}};
+    j["moe"] = {{"n_routed_experts", c.n_routed_experts}, {"num_experts_per_tok", c.num_experts_per_tok},
+                {"n_shared_experts", c.n_shared_experts}, {"n_group", c.n_group}, {"topk_group", c.topk_group},
+                {"routed_scaling_factor", c.routed_scaling_factor}};
+    j["int4"] = {{"enabled", c.quant.enabled}, {"group_size", c.quant.group_size}, {"modules", s.int4_modules}};
+    j["params"] = {{"total", s.total_params}, {"active", s.active_params}, {"active_with_embedding", s.active_params_with_embed}};
+    j["bytes"] = {{"weights_stored", s.stored_bytes}, {"per_decoded_token", s.bytes_per_token},
+                  {"kv_per_token_bf16", s.kv_bytes_per_token_bf16}, {"kv_per_token_f32_cpu", s.kv_bytes_per_token_f32}};
+    nlohmann::ordered_json roles;
+    for (int r = 0; r < 9; ++r) roles[role_name(TensorRole(r))] = s.bytes_per_token_by_role[r];
+    j["bytes"]["per_decoded_token_by_role"] = roles;
+    j["memory"] = {{"ctx", o.ctx}, {"kv_bytes", kv_ctx}, {"total_bytes", s.stored_bytes + kv_ctx}};
+    if (ck) j["checkpoint"] = {{"files", ck->files().size()}, {"bytes", ck->total_bytes()}, {"tensors", ck->tensors().size()},
+                               {"tensors_by_dtype", by_dtype}, {"tensors_not_used", unused}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("source        %s\n", source.c_str());
+  std::printf("architecture  %s (model_type %s, tensors under '%s')\n", c.architecture.c_str(), c.model_type.c_str(), c.tensor_prefix.c_str());
+  std::printf("layers        %lld (%lld dense + %lld MoE), hidden %lld, vocab %lld\n", (long long)c.num_hidden_layers,
+              (long long)c.first_k_dense_replace, (long long)(c.num_hidden_layers - c.first_k_dense_replace),
+              (long long)c.hidden_size, (long long)c.vocab_size);
+  std::printf("attention     MLA, %lld heads, q_lora %lld, kv_lora %lld, qk %lld+%lld, v %lld, softmax scale %.6f\n",
+              (long long)c.num_attention_heads, (long long)c.q_lora_rank, (long long)c.kv_lora_rank,
+              (long long)c.qk_nope_head_dim, (long long)c.qk_rope_head_dim, (long long)c.v_head_dim, c.softmax_scale());
+  if (c.rope.yarn)
+    std::printf("rope          YaRN θ=%g factor %g, beta %g/%g, original ctx %lld, max ctx %lld\n", c.rope_theta, c.rope.factor,
+                c.rope.beta_fast, c.rope.beta_slow, (long long)c.rope.original_max_position_embeddings, (long long)c.max_position_embeddings);
+  else
+    std::printf("rope          θ=%g, max ctx %lld\n", c.rope_theta, (long long)c.max_position_embeddings);
+  std::printf("moe           %lld routed experts, top-%lld, %lld shared, groups %lld/%lld, scaling %g\n",
+              (long long)c.n_routed_experts, (long long)c.num_experts_per_tok, (long long)c.n_shared_experts,
+              (long long)c.topk_group, (long long)c.n_group, c.routed_scaling_factor);
+  if (c.quant.enabled)
+    std::printf("int4          %lld Linear modules INT4 (group %d, compressed-tensors pack-quantized), %lld dense tensors\n",
+                (long long)s.int4_modules, c.quant.group_size, (long long)s.dense_tensors);
+  else
+    std::printf("int4          none (all weights dense)\n");
+  std::printf("params        %s total, %s active per token (%s with the embedding)\n", count(s.total_params).c_str(),
+              count(s.active_params).c_str(), count(s.active_params_with_embed).c_str());
+  std::printf("weights       %s as stored\n", gb(s.stored_bytes).c_str());
+  std::printf("per token     %s of weights read per decoded token (batch 1):\n", gb(s.bytes_per_token).c_str());
+  for (int r = 0; r < 9; ++r)
+    if (s.bytes_per_token_by_role[r]) std::printf("                %-15s %s\n", role_name(TensorRole(r)), gb(s.bytes_per_token_by_role[r]).c_str());
+  std::printf("kv cache      %llu B per token (bf16 latent, %lld values × %lld layers); %llu B on the CPU (fp32)\n",
+              (unsigned long long)s.kv_bytes_per_token_bf16, (long long)c.latent_dim(), (long long)c.num_hidden_layers,
+              (unsigned long long)s.kv_bytes_per_token_f32);
+  std::printf("memory        %s weights + %s KV at %lld tokens = %s\n", gb(s.stored_bytes).c_str(), gb(kv_ctx).c_str(),
+              (long long)o.ctx, gb(s.stored_bytes + kv_ctx).c_str());
+  if (ck) {
+    std::printf("checkpoint    %zu file(s), %s, %zu tensors (", ck->files().size(), gb(ck->total_bytes()).c_str(), ck->tensors().size());
+    bool first = true;
+    for (const auto& [d, n] : by_dtype) {
+      std::printf("%s%lld %s", first ? "" : ", ", (long long)n, d.c_str());
+      first = false;
+    }
+    std::printf("); %lld not used by the text model (e.g. vision)\n", (long long)unused);
+  }
+  return 0;
+}
+
+}  // namespace kd::cli

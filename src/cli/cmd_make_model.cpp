@@ -1,0 +1,30 @@
+// `kdtree make-model`: write a random model in the real checkpoint format.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/log.h"
+
+namespace kd::cli {
+
+void add_make_model(CLI::App& app, MakeModelOptions& o) {
+  std::string presets;
+  for (const auto& p : model_presets()) presets += "\n  " + p.name + ": " + p.description;
+  auto* c = app.add_subcommand("make-model", "Write a random model (config.json + bf16/INT4 safetensors) in the published format");
+  auto* p = c->add_option("--preset", o.preset, "Shape to write:" + presets);
+  auto* f = c->add_option("--config", o.config_path, "Follow this config.json instead of a preset");
+  p->excludes(f);
+  c->add_option("-o,--out", o.out_dir, "Output directory")->required();
+  c->add_option("-s,--seed", o.seed, "Seed of the random weights (same seed → same bytes)");
+  c->add_option("--shards", o.shards, "Split into this many .safetensors files with an index")->check(CLI::Range(1, 99999));
+  c->add_flag("--force", o.force, "Overwrite a non-empty output directory");
+}
+
+int cmd_make_model(const MakeModelOptions& o) {
+  if (o.preset.empty() && o.config_path.empty()) fail("make-model needs --preset NAME or --config FILE");
+  const double t0 = now_s();
+  make_model(o);
+  log_info("wrote ", o.out_dir, " in ", (now_s() - t0), " s");
+  return 0;
+}
+
+}  // namespace kd::cli

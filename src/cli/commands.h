@@ -1,0 +1,44 @@
+// `kdtree` subcommands. One CLI11 parser (main.cpp) declares every flag; each command runs from
+// its options struct. stdout carries results only (one JSON object with --json); logs go to stderr.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/make_model.h"
+
+namespace CLI { class App; }
+
+namespace kd::cli {
+
+struct RunOptions {
+  std::string model, prompt, prompt_ids, spec = "ar", draft, device = "cpu", dump_logits, decode_attn = "absorbed";
+  int64_t n_predict = 32, ctx_size = 0, budget = 0;
+  float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+  bool ignore_eos = false, json = false;
+};
+void add_run(CLI::App& app, RunOptions& o);
+int cmd_run(const RunOptions& o);
+
+struct InspectOptions {
+  std::string model, preset, config;
+  int64_t ctx = 4096;
+  bool json = false;
+};
+void add_inspect(CLI::App& app, InspectOptions& o);
+int cmd_inspect(const InspectOptions& o);
+
+void add_make_model(CLI::App& app, MakeModelOptions& o);
+int cmd_make_model(const MakeModelOptions& o);
+
+struct BenchOptions {
+  std::string model, device = "cpu";
+  int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
+  bool json = false;
+};
+void add_bench(CLI::App& app, BenchOptions& o);
+int cmd_bench(const BenchOptions& o);
+
+}  // namespace kd::cli

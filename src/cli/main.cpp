@@ -1,0 +1,55 @@
+// kdtree: the command line. Every subcommand shares this one parser and its conventions
+// (llama.cpp flag names where one exists; --json for machine-readable output on stdout).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kdtree " KDTREE_VERSION
+               " — DeepSeek-V3 / Kimi K2 inference with DDTree speculative decoding.\n"
+               "Point it at a HuggingFace checkpoint directory (config.json + *.safetensors)."};
+  app.require_subcommand(1);
+  app.fallthrough();  // global flags may follow the subcommand
+  app.set_version_flag("--version", "kdtree " KDTREE_VERSION);
+  int threads = 0;
+  bool verbose = false, quiet = false;
+  app.add_option("-t,--threads", threads, "CPU threads (default: all cores, or $KDTREE_THREADS)")->check(CLI::Range(1, 1024));
+  app.add_flag("-v,--verbose", verbose, "More logging on stderr");
+  app.add_flag("-q,--quiet", quiet, "No logging or progress on stderr (errors still print)");
+
+  kd::cli::RunOptions run;
+  kd::cli::InspectOptions inspect;
+  kd::MakeModelOptions make;
+  kd::cli::BenchOptions bench;
+  kd::cli::add_run(app, run);
+  kd::cli::add_inspect(app, inspect);
+  kd::cli::add_make_model(app, make);
+  kd::cli::add_bench(app, bench);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;  // usage errors exit 2, like most Unix tools
+  }
+  if (quiet) kd::set_log_level(kd::LogLevel::quiet);
+  if (verbose) kd::set_log_level(kd::LogLevel::debug);
+  if (threads > 0) kd::ThreadPool::set_global_threads(threads);
+  try {
+    if (app.got_subcommand("run")) return kd::cli::cmd_run(run);
+    if (app.got_subcommand("inspect")) return kd::cli::cmd_inspect(inspect);
+    if (app.got_subcommand("make-model")) return kd::cli::cmd_make_model(make);
+    if (app.got_subcommand("bench")) return kd::cli::cmd_bench(bench);
+  } catch (const kd::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,38 @@
+// The MLA latent KV cache of one sequence: per layer and token, [c_kv (kv_lora_rank, after
+// kv_a_layernorm) | k_pe (qk_rope_head_dim, after RoPE, GPT-J interleaved layout)] — 576 values for
+// K2 (SPEC-MODEL.md §2). fp32 on the CPU. Rows past size() are scratch until commit().
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kd {
+
+class LatentCache {
+ public:
+  LatentCache(int64_t n_layers, int64_t dim, int64_t max_tokens)
+      : dim_(dim), max_tokens_(max_tokens), layers_(static_cast<size_t>(n_layers)) {}
+
+  int64_t dim() const { return dim_; }
+  int64_t size() const { return size_; }          // committed tokens
+  int64_t max_tokens() const { return max_tokens_; }
+
+  // Makes rows [0, n) addressable (rows past size() hold uncommitted work).
+  void reserve(int64_t n) {
+    if (n > max_tokens_) fail("KV cache: ", n, " tokens exceed the context limit of ", max_tokens_);
+    for (auto& l : layers_)
+      if (int64_t(l.size()) < n * dim_) l.resize(static_cast<size_t>(std::max<int64_t>(n, int64_t(l.size() / size_t(dim_)) * 2) * dim_));
+  }
+  float* row(int64_t layer, int64_t pos) { return layers_[size_t(layer)].data() + pos * dim_; }
+  const float* row(int64_t layer, int64_t pos) const { return layers_[size_t(layer)].data() + pos * dim_; }
+  void commit(int64_t n) { size_ = n; }  // also truncates
+  uint64_t bytes_per_token() const { return uint64_t(layers_.size()) * uint64_t(dim_) * sizeof(float); }
+
+ private:
+  int64_t dim_, max_tokens_, size_ = 0;
+  std::vector<std::vector<float>> layers_;  // [n_layers][capacity × dim]
+};
+
+}  // namespace kd

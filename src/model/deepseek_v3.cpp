@@ -1,0 +1,375 @@
+#include "model/deepseek_v3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace kd {
+
+namespace {
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::BF16, DType::F32, DType::F16};
+
+std::vector<float> load_vector(const Checkpoint& ck, const std::string& name, int64_t n) {
+  const TensorRef& t = ck.get(name, {n}, kFloatTypes);
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint8_t* p = t.data();
+  for (int64_t i = 0; i < n; ++i) {
+    switch (t.info->dtype) {
+      case DType::F32: { float f; std::memcpy(&f, p + 4 * i, 4); out[size_t(i)] = f; break; }
+      case DType::BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); out[size_t(i)] = bf16_to_f32(h); break; }
+      default: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); out[size_t(i)] = f16_to_f32(h); break; }
+    }
+  }
+  return out;
+}
+
+struct WeightLoader {
+  const Checkpoint& ck;
+  std::vector<std::vector<uint8_t>>& owned;  // aligned copies of tensors the file left misaligned
+
+  const void* aligned(const TensorRef& t, size_t align) {
+    const uint8_t* p = t.data();
+    if (reinterpret_cast<uintptr_t>(p) % align == 0) return p;
+    // safetensors packs tensors back to back, so an odd-sized tensor can misalign the next one.
+    std::vector<uint8_t> copy(p, p + t.info->nbytes() + align);
+    size_t shift = (align - reinterpret_cast<uintptr_t>(copy.data()) % align) % align;
+    std::memmove(copy.data() + shift, copy.data(), t.info->nbytes());
+    owned.push_back(std::move(copy));
+    return owned.back().data() + shift;
+  }
+
+  Weight dense(const std::string& name, int64_t rows, int64_t cols) {
+    const TensorRef& t = ck.get(name, {rows, cols}, kFloatTypes);
+    Weight w;
+    w.name = name;
+    w.rows = rows;
+    w.cols = cols;
+    w.dtype = t.info->dtype;
+    w.data = aligned(t, dtype_size(w.dtype));
+    return w;
+  }
+
+  // A Linear module: INT4 when quantization_config says so (SPEC-MODEL.md §3), else dense.
+  Weight linear(const std::string& module, int64_t rows, int64_t cols) {
+    const QuantConfig& q = ck.config().quant;
+    if (!q.is_quantized(module)) return dense(module + ".weight", rows, cols);
+    if (!ck.find(module + ".weight_packed") && ck.find(module + ".weight"))
+      fail(ck.dir(), ": quantization_config makes '", module, "' INT4, but the checkpoint holds a dense '", module,
+           ".weight' and no '", module, ".weight_packed'");
+    if (cols % q.group_size)
+      fail(ck.dir(), ": '", module, "' has ", cols, " inputs, not a multiple of the INT4 group size ", q.group_size);
+    Weight w;
+    w.name = module;
+    w.rows = rows;
+    w.cols = cols;
+    w.int4 = true;
+    w.group = q.group_size;
+    const TensorRef& packed = ck.get(module + ".weight_packed", {rows, w.words_per_row()}, {DType::I32});
+    const TensorRef& scale = ck.get(module + ".weight_scale", {rows, cols / q.group_size}, {DType::BF16});
+    if (const TensorRef* shape = ck.find(module + ".weight_shape")) {
+      if (shape->info->dtype != DType::I32 && shape->info->dtype != DType::I64)
+        fail(where_str(*shape), " has dtype ", dtype_name(shape->info->dtype), ", expected I32");
+      if (shape->info->shape != std::vector<int64_t>{2}) fail(where_str(*shape), " has shape ", shape->info->shape_str(), ", expected [2]");
+      int64_t v[2];
+      for (int i = 0; i < 2; ++i) {
+        if (shape->info->dtype == DType::I32) {
+          int32_t x;
+          std::memcpy(&x, shape->data() + 4 * i, 4);
+          v[i] = x;
+        } else {
+          std::memcpy(&v[i], shape->data() + 8 * i, 8);
+        }
+      }
+      if (v[0] != rows || v[1] != cols)
+        fail(where_str(*shape), " says [", v[0], ", ", v[1], "], expected [", rows, ", ", cols, "]");
+    }
+    w.data = aligned(packed, 4);
+    w.scales = static_cast<const uint16_t*>(aligned(scale, 2));
+    return w;
+  }
+
+  MlpWeights mlp(const std::string& prefix, int64_t hidden, int64_t inter) {
+    return {linear(prefix + ".gate_proj", inter, hidden), linear(prefix + ".up_proj", inter, hidden),
+            linear(prefix + ".down_proj", hidden, inter)};
+  }
+};
+
+}  // namespace
+
+DeepseekV3::DeepseekV3(const Checkpoint& ckpt) : cfg_(ckpt.config()) {
+  const ModelConfig& c = cfg_;
+  WeightLoader L{ckpt, owned_};
+  const std::string& p = c.tensor_prefix;
+  const int64_t H = c.num_attention_heads, hid = c.hidden_size;
+  embed_ = L.dense(p + "embed_tokens.weight", c.vocab_size, hid);
+  lm_head_ = L.dense(c.lm_head_name, c.vocab_size, hid);
+  final_norm_ = load_vector(ckpt, p + "norm.weight", hid);
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& w = layers_[size_t(l)];
+    const std::string lp = cat(p, "layers.", l, ".");
+    w.attn_norm = load_vector(ckpt, lp + "input_layernorm.weight", hid);
+    w.ffn_norm = load_vector(ckpt, lp + "post_attention_layernorm.weight", hid);
+    const std::string a = lp + "self_attn.";
+    w.q_a = L.linear(a + "q_a_proj", c.q_lora_rank, hid);
+    w.q_a_norm = load_vector(ckpt, a + "q_a_layernorm.weight", c.q_lora_rank);
+    w.q_b = L.linear(a + "q_b_proj", H * c.qk_head_dim(), c.q_lora_rank);
+    w.kv_a = L.linear(a + "kv_a_proj_with_mqa", c.latent_dim(), hid);
+    w.kv_a_norm = load_vector(ckpt, a + "kv_a_layernorm.weight", c.kv_lora_rank);
+    w.kv_b = L.linear(a + "kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+    w.o = L.linear(a + "o_proj", hid, H * c.v_head_dim);
+    w.moe = c.is_moe_layer(l);
+    const std::string m = lp + "mlp";
+    if (!w.moe) {
+      w.dense = L.mlp(m, hid, c.intermediate_size);
+      continue;
+    }
+    w.router = L.dense(m + ".gate.weight", c.n_routed_experts, hid);
+    {
+      // The correction bias is fp32 in every release; selection adds it, weighting does not.
+      const TensorRef& b = ckpt.get(m + ".gate.e_score_correction_bias", {c.n_routed_experts}, {DType::F32, DType::BF16});
+      (void)b;
+      w.router_bias = load_vector(ckpt, m + ".gate.e_score_correction_bias", c.n_routed_experts);
+    }
+    w.experts.reserve(static_cast<size_t>(c.n_routed_experts));
+    for (int64_t e = 0; e < c.n_routed_experts; ++e)
+      w.experts.push_back(L.mlp(cat(m, ".experts.", e), hid, c.moe_intermediate_size));
+    if (c.n_shared_experts > 0) w.shared = L.mlp(m + ".shared_experts", hid, c.moe_intermediate_size * c.n_shared_experts);
+  }
+  inv_freq_ = c.rope_inv_freq();
+  rope_scaling_ = float(c.rope_attention_scaling());
+  softmax_scale_ = float(c.softmax_scale());
+}
+
+LatentCache DeepseekV3::new_cache(int64_t max_tokens) const {
+  return LatentCache(cfg_.num_hidden_layers, cfg_.latent_dim(), std::min(max_tokens, cfg_.max_position_embeddings));
+}
+
+void DeepseekV3::route(int64_t layer, const float* logits, int32_t* experts, float* weights) const {
+  const int64_t E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+  const int64_t G = cfg_.n_group, per_group = E / G;
+  const std::vector<float>& bias = layers_[size_t(layer)].router_bias;
+  std::vector<float> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    score[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
+    choice[size_t(e)] = score[size_t(e)] + bias[size_t(e)];
+  }
+  // Higher value first, lower index on ties: a fixed order so every backend picks the same set.
+  auto better = [](const std::vector<float>& v) {
+    return [&v](int64_t a, int64_t b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+  };
+  if (G > 1) {
+    // Group-limited routing: a group scores the sum of its top-2 biased scores; keep topk_group groups.
+    std::vector<float> gscore(static_cast<size_t>(G));
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<int64_t> idx(static_cast<size_t>(per_group));
+      std::iota(idx.begin(), idx.end(), g * per_group);
+      std::partial_sort(idx.begin(), idx.begin() + 2, idx.end(), better(choice));
+      gscore[size_t(g)] = choice[size_t(idx[0])] + choice[size_t(idx[1])];
+    }
+    std::vector<int64_t> gidx(static_cast<size_t>(G));
+    std::iota(gidx.begin(), gidx.end(), 0);
+    std::partial_sort(gidx.begin(), gidx.begin() + cfg_.topk_group, gidx.end(), better(gscore));
+    std::vector<bool> keep(static_cast<size_t>(G), false);
+    for (int64_t i = 0; i < cfg_.topk_group; ++i) keep[size_t(gidx[size_t(i)])] = true;
+    for (int64_t e = 0; e < E; ++e)
+      if (!keep[size_t(e / per_group)]) choice[size_t(e)] = -std::numeric_limits<float>::infinity();
+  }
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), better(choice));
+  std::sort(idx.begin(), idx.begin() + K);
+  float sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    experts[k] = int32_t(idx[size_t(k)]);
+    weights[k] = score[size_t(idx[size_t(k)])];  // unbiased: the bias only chooses
+    sum += weights[k];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    if (cfg_.norm_topk_prob) weights[k] /= (sum + 1e-20f);
+    weights[k] *= float(cfg_.routed_scaling_factor);
+  }
+}
+
+void DeepseekV3::mlp(const MlpWeights& w, const float* x, int64_t n, float* out, ForwardStats* st) const {
+  const int64_t inter = w.gate.rows;
+  std::vector<float> g(static_cast<size_t>(n * inter)), u(static_cast<size_t>(n * inter));
+  cpu::linear(w.gate, x, n, g.data());
+  cpu::linear(w.up, x, n, u.data());
+  cpu::swiglu(g.data(), u.data(), n * inter, g.data());
+  cpu::linear(w.down, g.data(), n, out);
+  if (st) st->weight_bytes += w.gate.bytes() + w.up.bytes() + w.down.bytes();
+}
+
+void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, ForwardStats* st) const {
+  const LayerWeights& w = layers_[size_t(layer)];
+  const int64_t hid = cfg_.hidden_size;
+  if (!w.moe) {
+    mlp(w.dense, x, n, out, st);
+    return;
+  }
+  const int64_t E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+  std::vector<float> logits(static_cast<size_t>(n * E));
+  cpu::linear(w.router, x, n, logits.data());
+  if (st) st->weight_bytes += w.router.bytes();
+  std::vector<int32_t> chosen(static_cast<size_t>(n * K));
+  std::vector<float> weight(static_cast<size_t>(n * K));
+  for (int64_t i = 0; i < n; ++i) route(layer, logits.data() + i * E, chosen.data() + i * K, weight.data() + i * K);
+
+  // Group rows by expert so each expert's weights are streamed once for the whole batch; sum in
+  // ascending expert id per row (the order HF's eager loop adds them in).
+  std::fill(out, out + n * hid, 0.0f);
+  std::vector<std::vector<std::pair<int64_t, float>>> rows_of(static_cast<size_t>(E));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < K; ++k) rows_of[size_t(chosen[size_t(i * K + k)])].push_back({i, weight[size_t(i * K + k)]});
+  std::vector<float> xe, ye;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = rows_of[size_t(e)];
+    if (rows.empty()) continue;
+    const int64_t m = int64_t(rows.size());
+    xe.resize(static_cast<size_t>(m * hid));
+    ye.resize(static_cast<size_t>(m * hid));
+    for (int64_t j = 0; j < m; ++j) std::memcpy(&xe[size_t(j * hid)], x + rows[size_t(j)].first * hid, size_t(hid) * sizeof(float));
+    mlp(w.experts[size_t(e)], xe.data(), m, ye.data(), st);
+    for (int64_t j = 0; j < m; ++j) {
+      float* o = out + rows[size_t(j)].first * hid;
+      const float wt = rows[size_t(j)].second;
+      for (int64_t d = 0; d < hid; ++d) o[d] += ye[size_t(j * hid + d)] * wt;
+    }
+  }
+  if (cfg_.n_shared_experts > 0) {
+    std::vector<float> sh(static_cast<size_t>(n * hid));
+    mlp(w.shared, x, n, sh.data(), st);
+    for (int64_t i = 0; i < n * hid; ++i) out[i] += sh[size_t(i)];
+  }
+}
+
+void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, int64_t n, AttnForm form, float* out,
+                           ForwardStats* st) const {
+  const LayerWeights& w = layers_[size_t(layer)];
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const int64_t qk = dn + dr, Lr = c.kv_lora_rank, D = c.latent_dim(), start = cache.size();
+
+  // Queries: q_b(RMSNorm(q_a x)), RoPE on each head's last dr values.
+  std::vector<float> cq(static_cast<size_t>(n * c.q_lora_rank)), q(static_cast<size_t>(n * H * qk));
+  cpu::linear(w.q_a, x, n, cq.data());
+  cpu::rmsnorm(cq.data(), w.q_a_norm.data(), n, c.q_lora_rank, c.latent_norm_eps, cq.data());
+  cpu::linear(w.q_b, cq.data(), n, q.data());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < H; ++h) cpu::rope_gptj(&q[size_t((i * H + h) * qk + dn)], dr / 2, inv_freq_.data(), start + i, rope_scaling_);
+
+  // Latent KV of the new tokens: [RMSNorm(c_kv) | RoPE(k_pe)] into the cache.
+  std::vector<float> kv(static_cast<size_t>(n * D));
+  cpu::linear(w.kv_a, x, n, kv.data());
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = cache.row(layer, start + i);
+    cpu::rmsnorm(&kv[size_t(i * D)], w.kv_a_norm.data(), 1, Lr, c.latent_norm_eps, row);
+    std::memcpy(row + Lr, &kv[size_t(i * D + Lr)], size_t(dr) * sizeof(float));
+    cpu::rope_gptj(row + Lr, dr / 2, inv_freq_.data(), start + i, rope_scaling_);
+  }
+  if (st) st->weight_bytes += w.q_a.bytes() + w.q_b.bytes() + w.kv_a.bytes() + w.kv_b.bytes() + w.o.bytes();
+
+  const int64_t S = start + n;  // keys visible to the last row
+  std::vector<float> attn(static_cast<size_t>(n * H * dv));
+  if (form == AttnForm::expanded) {
+    // HF's form: k_nope and v of every cached token re-projected through kv_b.
+    std::vector<float> ckv(static_cast<size_t>(S * Lr)), kvb(static_cast<size_t>(S * H * (dn + dv)));
+    for (int64_t s = 0; s < S; ++s) std::memcpy(&ckv[size_t(s * Lr)], cache.row(layer, s), size_t(Lr) * sizeof(float));
+    cpu::linear(w.kv_b, ckv.data(), S, kvb.data());
+    ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      std::vector<float> p(static_cast<size_t>(S));
+      for (int64_t h = h0; h < h1; ++h)
+        for (int64_t i = 0; i < n; ++i) {
+          const float* qi = &q[size_t((i * H + h) * qk)];
+          const int64_t len = start + i + 1;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t s = 0; s < len; ++s) {
+            const float* ks = &kvb[size_t((s * H + h) * (dn + dv))];
+            p[size_t(s)] = (cpu::dot(qi, ks, dn) + cpu::dot(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
+            mx = std::max(mx, p[size_t(s)]);
+          }
+          float sum = 0;
+          for (int64_t s = 0; s < len; ++s) sum += (p[size_t(s)] = std::exp(p[size_t(s)] - mx));
+          float* o = &attn[size_t((i * H + h) * dv)];
+          std::fill(o, o + dv, 0.0f);
+          for (int64_t s = 0; s < len; ++s) {
+            const float ps = p[size_t(s)] / sum;
+            const float* vs = &kvb[size_t((s * H + h) * (dn + dv) + dn)];
+            for (int64_t d = 0; d < dv; ++d) o[d] += ps * vs[d];
+          }
+        }
+    });
+  } else {
+    // Absorbed: q_lat = W_UKᵀ q_nope attends over the latent directly; W_UV applies after the sum.
+    ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      std::vector<float> wkv(static_cast<size_t>((dn + dv) * Lr)), qlat(static_cast<size_t>(Lr)), olat(static_cast<size_t>(Lr)), p(static_cast<size_t>(S));
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t r = 0; r < dn + dv; ++r) cpu::dequant_row(w.kv_b, h * (dn + dv) + r, &wkv[size_t(r * Lr)]);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* qi = &q[size_t((i * H + h) * qk)];
+          std::fill(qlat.begin(), qlat.end(), 0.0f);
+          for (int64_t d = 0; d < dn; ++d)
+            for (int64_t l = 0; l < Lr; ++l) qlat[size_t(l)] += qi[d] * wkv[size_t(d * Lr + l)];
+          const int64_t len = start + i + 1;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t s = 0; s < len; ++s) {
+            const float* ks = cache.row(layer, s);
+            p[size_t(s)] = (cpu::dot(qlat.data(), ks, Lr) + cpu::dot(qi + dn, ks + Lr, dr)) * softmax_scale_;
+            mx = std::max(mx, p[size_t(s)]);
+          }
+          float sum = 0;
+          for (int64_t s = 0; s < len; ++s) sum += (p[size_t(s)] = std::exp(p[size_t(s)] - mx));
+          std::fill(olat.begin(), olat.end(), 0.0f);
+          for (int64_t s = 0; s < len; ++s) {
+            const float ps = p[size_t(s)] / sum;
+            const float* ks = cache.row(layer, s);
+            for (int64_t l = 0; l < Lr; ++l) olat[size_t(l)] += ps * ks[l];
+          }
+          float* o = &attn[size_t((i * H + h) * dv)];
+          for (int64_t d = 0; d < dv; ++d) o[d] = cpu::dot(&wkv[size_t((dn + d) * Lr)], olat.data(), Lr);
+        }
+      }
+    });
+  }
+  cpu::linear(w.o, attn.data(), n, out);
+}
+
+void DeepseekV3::forward(LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
+                         float* logits, ForwardStats* st) const {
+  const ModelConfig& c = cfg_;
+  const int64_t hid = c.hidden_size, start = cache.size();
+  if (n <= 0) fail("forward: no tokens");
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  if (start + n > cache.max_tokens())
+    fail("context full: ", start, " + ", n, " tokens exceed the limit of ", cache.max_tokens());
+  cache.reserve(start + n);
+
+  std::vector<float> x(static_cast<size_t>(n * hid)), xn(static_cast<size_t>(n * hid)), y(static_cast<size_t>(n * hid));
+  cpu::embed(embed_, ids, n, x.data());
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& w = layers_[size_t(l)];
+    cpu::rmsnorm(x.data(), w.attn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
+    attention(l, cache, xn.data(), n, form, y.data(), st);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    cpu::rmsnorm(x.data(), w.ffn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
+    ffn(l, xn.data(), n, y.data(), st);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  }
+  cache.commit(start + n);
+  if (!logits) return;
+  const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
+  cpu::rmsnorm(x.data() + first * hid, final_norm_.data(), rows, hid, c.rms_norm_eps, xn.data());
+  cpu::linear(lm_head_, xn.data(), rows, logits);
+  if (st) st->weight_bytes += lm_head_.bytes();
+}
+
+}  // namespace kd
