@@ -175,12 +175,13 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
   return out;
 }
 
-ModelConfig parse_model_config(const std::string& json_text, const std::string& label) {
+namespace {
+ModelConfig parse_model_config_impl(const std::string& json_text, const std::string& label) {
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) fail(label, ": not valid JSON");
   if (!root.is_object()) fail(label, ": top level is not a JSON object");
   ModelConfig c;
-  c.model_type = root.value("model_type", std::string());
+  c.model_type = Reader{root, label}.string_or("model_type", "");
   if (auto a = root.find("architectures"); a != root.end() && a->is_array() && !a->empty() && (*a)[0].is_string())
     c.architecture = (*a)[0].get<std::string>();
 
@@ -228,7 +229,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.routed_scaling_factor = r.number_or("routed_scaling_factor", 0.0, 1e6, 1.0);
   c.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
   c.rms_norm_eps = r.number_or("rms_norm_eps", 0.0, 1.0, 1e-6);
-  c.rope_theta = r.number_or("rope_theta", 1.0, 1e12, 10000.0);
+  c.rope_theta = r.number_or("rope_theta", 1.0 + 1e-6, 1e12, 10000.0);  // ln θ divides the YaRN ramp
   c.max_position_embeddings = r.integer("max_position_embeddings", 1, int64_t(1) << 30);
   if (std::string s = r.string_or("scoring_func", "sigmoid"); s != "sigmoid")
     fail(tl, ": scoring_func \"", s, "\" is not supported (only \"sigmoid\", as in DeepSeek-V3 and Kimi K2)");
@@ -282,6 +283,17 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.quant = parse_quant(*q, label);
   }
   return c;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& label) {
+  try {
+    return parse_model_config_impl(json_text, label);
+  } catch (const nlohmann::json::exception& e) {
+    // Every field is read through a type-checked accessor; this is the net under them.
+    fail(label, ": unexpected JSON structure: ", e.what());
+  }
 }
 
 ModelConfig load_model_config(const std::string& dir) {

@@ -56,13 +56,15 @@ struct WeightLoader {
     return w;
   }
 
-  // A Linear module: INT4 when quantization_config says so (SPEC-MODEL.md §3), else dense.
+  // A Linear module: INT4 when the checkpoint holds `.weight_packed` (compressed-tensors
+  // pack-quantized, SPEC-MODEL.md §3), else dense `.weight`. Presence decides rather than the ignore
+  // list, whose names need not match wrapped checkpoints (K2.5's "lm_head" vs
+  // "language_model.lm_head"); the quantization_config supplies the group size.
   Weight linear(const std::string& module, int64_t rows, int64_t cols) {
     const QuantConfig& q = ck.config().quant;
-    if (!q.is_quantized(module)) return dense(module + ".weight", rows, cols);
-    if (!ck.find(module + ".weight_packed") && ck.find(module + ".weight"))
-      fail(ck.dir(), ": quantization_config makes '", module, "' INT4, but the checkpoint holds a dense '", module,
-           ".weight' and no '", module, ".weight_packed'");
+    if (!ck.find(module + ".weight_packed")) return dense(module + ".weight", rows, cols);
+    if (!q.enabled)
+      fail(where_str(ck.get(module + ".weight_packed")), " is INT4, but config.json has no compressed-tensors quantization_config");
     if (cols % q.group_size)
       fail(ck.dir(), ": '", module, "' has ", cols, " inputs, not a multiple of the INT4 group size ", q.group_size);
     Weight w;

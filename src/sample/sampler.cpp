@@ -32,22 +32,25 @@ inline bool ranks_before(const Cand& a, const Cand& b) {
 // Bit test rather than std::isnan, so the check survives -ffast-math builds.
 inline bool is_nan(float x) { return (std::bit_cast<uint32_t>(x) & 0x7fffffffu) > 0x7f800000u; }
 
-// Bucket b holds weights in [2^-b, 2^-b+1) (bucket 0 is w = 1 exactly, the max), the last bucket
-// everything below 2^-62 down to subnormals. Heavier buckets hold only higher-ranked candidates,
-// so the union of buckets [0, B) is always a prefix of the ranking.
+// Bucket b holds weights in [2^-b, 2^(1-b)), so bucket 0 is exactly w = 1 (the max, and its ties);
+// the last bucket takes everything below 2^-62, subnormals included. Heavier buckets hold only
+// higher-ranked candidates, so the union of buckets [0, B) is always a prefix of the ranking.
 constexpr int kBuckets = 64;
 inline int bucket_of(double w) {  // w in (0, 1]
-  const int e = int((std::bit_cast<uint64_t>(w) >> 52) & 0x7ff) - 1023;  // floor(log2 w); -1023 if subnormal
+  // floor(log2 w) from the exponent field; -1023 for subnormals, which land in the last bucket.
+  const int e = int((std::bit_cast<uint64_t>(w) >> 52) & 0x7ff) - 1023;
   return std::min(-e, kBuckets - 1);
 }
-// Smallest weight of buckets [0, n_buckets): 2^-(n_buckets-1), or 0 once every bucket is in.
-inline double bucket_floor(int n_buckets) { return n_buckets >= kBuckets ? 0.0 : std::ldexp(1.0, 1 - n_buckets); }
+// Smallest weight of buckets [0, n_buckets): 2^(1-n_buckets), or 0 once every bucket is in.
+inline double bucket_floor(int n_buckets) {
+  return n_buckets >= kBuckets ? 0.0 : std::ldexp(1.0, 1 - n_buckets);
+}
 
-// The candidates (tokens with w > 0) in ranked order, materialised lazily. Of the ranking, the
-// first end() survive the stages so far. Invariants, with g = min(gathered, end):
-//   c[0, g) holds exactly the candidates with w >= bucket_floor(n_buckets) that are kept, i.e. a
-//   ranked prefix; c[0, sorted) is its sorted head and c[sorted, g) ranks after it (in an
-//   unspecified arrangement that must never influence a result).
+// The candidates (tokens with w > 0) in ranked order, materialised lazily; the first end() of the
+// ranking survive the stages so far. Invariants, with g = min(gathered, end):
+//   c[0, g) is a ranked prefix of the kept candidates (until the first truncation: exactly those
+//   with w >= bucket_floor(n_buckets)); c[0, sorted) is its sorted head, and c[sorted, g) ranks
+//   after it in an unspecified arrangement that must never influence a result.
 class Ranking {
  public:
   Ranking(const double* w, int32_t n, const std::array<int64_t, kBuckets>& hist, Cand* c)
@@ -55,7 +58,7 @@ class Ranking {
     for (int64_t h : hist) end_ += size_t(h);
   }
   size_t end() const { return end_; }
-  const Cand& operator[](size_t i) const { return c_[i]; }  // i < sorted, or after count_at_least
+  const Cand& operator[](size_t i) const { return c_[i]; }  // valid for i < sorted
 
   // Extends the sorted head to min(m, end).
   void sort_prefix(size_t m) {

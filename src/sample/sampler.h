@@ -46,8 +46,10 @@ int32_t argmax(const float* logits, int32_t n);
 
 // One token from logits[n] (see the pipeline above) with the uniform u in [0, 1).
 // Throws kd::Error on invalid params, u outside [0, 1), n <= 0, any NaN logit, or all -inf.
-// Scratch memory is thread_local (grows to n candidates, 16 bytes each), so concurrent calls from
-// different threads are safe and a call never allocates once its thread has seen the vocab size.
+// Scratch memory is thread_local (24 bytes per vocabulary entry: a weight and a candidate slot), so
+// concurrent calls from different threads are safe and a call never allocates once its thread has
+// seen the vocabulary size. Cost at n = 163840 on one core: ~1.3 ms, mostly the exp pass; a flat
+// distribution whose inverse CDF lands deep in the ranking pays for sorting that deep (~10-15 ms).
 int32_t sample(const float* logits, int32_t n, const SamplingParams& p, float u);
 
 }  // namespace kd
