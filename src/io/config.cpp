@@ -101,12 +101,13 @@ QuantConfig parse_quant(const json& q, const std::string& label) {
       std::string p = s.get<std::string>();
       if (p.rfind("re:", 0) == 0) {
         try {
-          std::regex re(p.substr(3));
+          out.ignore_re.emplace_back(p.substr(3));
         } catch (const std::regex_error& e) {
           fail(label, ": quantization_config.ignore pattern '", p, "' is not a valid regex: ", e.what());
         }
+      } else {
+        out.ignore.push_back(std::move(p));  // an exact module name
       }
-      out.ignore.push_back(std::move(p));
     }
   }
   out.enabled = true;
@@ -117,14 +118,10 @@ QuantConfig parse_quant(const json& q, const std::string& label) {
 
 bool QuantConfig::is_quantized(const std::string& module) const {
   if (!enabled) return false;
-  for (const auto& p : ignore) {
-    if (p.rfind("re:", 0) == 0) {
-      std::regex re(p.substr(3));
-      if (std::regex_search(module, re, std::regex_constants::match_continuous)) return false;
-    } else if (p == module) {
-      return false;
-    }
-  }
+  for (const auto& p : ignore)
+    if (p == module) return false;
+  for (const auto& re : ignore_re)
+    if (std::regex_search(module, re, std::regex_constants::match_continuous)) return false;
   return true;
 }
 

@@ -3,6 +3,7 @@
 // does not implement (softmax routing, FP8 weights, q_lora_rank null, …) is refused by name.
 #pragma once
 #include <cstdint>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,8 @@ struct QuantConfig {
   bool enabled = false;
   int32_t num_bits = 4;
   int32_t group_size = 32;
-  std::vector<std::string> ignore;  // exact module names or "re:" patterns (matched at the start, like re.match)
+  std::vector<std::string> ignore;    // exact module names from the ignore list
+  std::vector<std::regex> ignore_re;  // its "re:" entries, matched at the start of the name like re.match
   // module = full module name without ".weight", e.g. "model.layers.3.mlp.experts.7.down_proj".
   bool is_quantized(const std::string& module) const;
 };
