@@ -14,7 +14,7 @@ void add_make_model(CLI::App& app, MakeModelOptions& o) {
   auto* f = c->add_option("--config", o.config_path, "Follow this config.json instead of a preset");
   p->excludes(f);
   c->add_option("-o,--out", o.out_dir, "Output directory")->required();
-  c->add_option("-s,--seed", o.seed, "Seed of the random weights (same seed → same bytes)");
+  c->add_option("-s,--seed", o.seed, "Seed of the random weights (same seed → same bytes)")->check(CLI::NonNegativeNumber);
   c->add_option("--shards", o.shards, "Split into this many .safetensors files with an index")->check(CLI::Range(1, 99999));
   c->add_flag("--force", o.force, "Overwrite a non-empty output directory");
 }

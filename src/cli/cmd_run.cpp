@@ -24,7 +24,8 @@ void add_run(CLI::App& app, RunOptions& o) {
   c->add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = off)");
   c->add_option("--top-p", o.top_p, "Nucleus sampling: keep the smallest set with this much probability (1 = off)");
   c->add_option("--min-p", o.min_p, "Drop tokens below min-p × the top token's probability (0 = off)");
-  c->add_option("-s,--seed", o.seed, "Sampling seed: the token at position p uses Philox(seed, p), so runs are reproducible");
+  c->add_option("-s,--seed", o.seed, "Sampling seed: the token at position p uses Philox(seed, p), so runs are reproducible")
+      ->check(CLI::NonNegativeNumber);
   c->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's EOS ids");
   c->add_option("--spec", o.spec, "Decoder: ar (plain autoregressive). ddtree / dflash arrive with the DDTree issue");
   c->add_option("--draft", o.draft, "DFlash drafter directory (for --spec ddtree; not available yet)");
@@ -133,7 +134,7 @@ int cmd_run(const RunOptions& o) {
                     {"prefill_tokens_per_s", prefill_tps},
                     {"decode_tokens_per_s", decode_tps},
                     {"decode_weight_gb_per_s", decode_gbps}};
-    j["spec"] = {{"mode", "ar"}, {"rounds", n_dec}, {"target_forwards", r.n_decode_forwards + 1},
+    j["spec"] = {{"mode", "ar"}, {"rounds", n_dec}, {"target_forwards", r.n_target_forwards},
                  {"mean_accepted_length", 1.0}, {"budget", nullptr}};
     j["sampling"] = {{"temperature", o.temp}, {"top_k", o.top_k}, {"top_p", o.top_p}, {"min_p", o.min_p}, {"seed", o.seed}};
     std::printf("%s\n", j.dump().c_str());

@@ -30,6 +30,15 @@ int main(int argc, char** argv) {
   kd::cli::add_make_model(app, make);
   kd::cli::add_bench(app, bench);
 
+  // Name an unknown command instead of CLI11's generic "a subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const auto* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
+    if (!known) {
+      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench; see kdtree --help)\n", argv[1]);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

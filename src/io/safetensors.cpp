@@ -125,7 +125,9 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
 
 void SafetensorsWriter::add_bytes(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) {
   add(std::move(name), dtype, std::move(shape),
-      [data](uint8_t* dst, uint64_t nbytes) { std::memcpy(dst, data, nbytes); });
+      [data](uint8_t* dst, uint64_t nbytes) {
+        if (nbytes) std::memcpy(dst, data, nbytes);  // an empty tensor may come with a null pointer
+      });
 }
 
 void SafetensorsWriter::write(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
@@ -147,7 +149,7 @@ void SafetensorsWriter::write(const std::string& path, const std::function<void(
   for (auto& p : pending_) {
     if (!ok) break;
     buf.assign(p.nbytes, 0);
-    if (p.fill) p.fill(buf.data(), p.nbytes);
+    if (p.fill && p.nbytes) p.fill(buf.data(), p.nbytes);
     ok = std::fwrite(buf.data(), 1, p.nbytes, f.get()) == p.nbytes;
     if (on_bytes) on_bytes(p.nbytes);
   }

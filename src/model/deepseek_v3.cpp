@@ -295,7 +295,7 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s < len; ++s) {
             const float* ks = &kvb[size_t((s * H + h) * (dn + dv))];
-            p[size_t(s)] = (cpu::dot(qi, ks, dn) + cpu::dot(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
+            p[size_t(s)] = (cpu::dot_f32(qi, ks, dn) + cpu::dot_f32(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
             mx = std::max(mx, p[size_t(s)]);
           }
           float sum = 0;
@@ -324,7 +324,7 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s < len; ++s) {
             const float* ks = cache.row(layer, s);
-            p[size_t(s)] = (cpu::dot(qlat.data(), ks, Lr) + cpu::dot(qi + dn, ks + Lr, dr)) * softmax_scale_;
+            p[size_t(s)] = (cpu::dot_f32(qlat.data(), ks, Lr) + cpu::dot_f32(qi + dn, ks + Lr, dr)) * softmax_scale_;
             mx = std::max(mx, p[size_t(s)]);
           }
           float sum = 0;
@@ -336,7 +336,7 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
             for (int64_t l = 0; l < Lr; ++l) olat[size_t(l)] += ps * ks[l];
           }
           float* o = &attn[size_t((i * H + h) * dv)];
-          for (int64_t d = 0; d < dv; ++d) o[d] = cpu::dot(&wkv[size_t((dn + d) * Lr)], olat.data(), Lr);
+          for (int64_t d = 0; d < dv; ++d) o[d] = cpu::dot_f32(&wkv[size_t((dn + d) * Lr)], olat.data(), Lr);
         }
       }
     });

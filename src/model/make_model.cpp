@@ -1,5 +1,6 @@
 #include "model/make_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -147,12 +148,18 @@ void make_model(const MakeModelOptions& opt) {
   uint64_t total = 0;
   for (const auto& t : plan) total += t.bytes(group);
   const uint64_t per_shard = total / uint64_t(opt.shards) + 1;
+  if (size_t(opt.shards) > plan.size())
+    fail("--shards ", opt.shards, " exceeds the ", plan.size(), " tensors of this model: every shard must hold one");
 
   std::vector<SafetensorsWriter> writers(size_t(opt.shards));
   std::vector<size_t> shard_of;  // [plan.size()]
   uint64_t acc = 0;
   for (const auto& t : plan) {
+    // By bytes, but never skipping a shard and leaving enough tensors for the shards after it.
     size_t shard = std::min<size_t>(size_t(acc / per_shard), writers.size() - 1);
+    const size_t n_left = plan.size() - shard_of.size();
+    if (!shard_of.empty()) shard = std::clamp(shard, shard_of.back(), shard_of.back() + 1);
+    shard = std::max(shard, writers.size() > n_left ? writers.size() - n_left : size_t(0));
     acc += t.bytes(group);
     SafetensorsWriter& w = writers[shard];
     const uint64_t seed = hash_name(t.name, opt.seed);

@@ -36,6 +36,7 @@ GenerateResult generate_ar(const DeepseekV3& model, const std::vector<int32_t>& 
   double t0 = now_s();
   model.forward(cache, prompt.data(), n_prompt, AttnForm::expanded, opt.keep_prompt_logits, logits.data(), &st);
   r.prefill_ms = (now_s() - t0) * 1e3;
+  r.n_target_forwards = 1;
   r.prefill_weight_bytes = st.weight_bytes;
   if (opt.keep_prompt_logits) r.prompt_logits = logits;
   const float* last = logits.data() + (opt.keep_prompt_logits ? (n_prompt - 1) * V : 0);
@@ -59,7 +60,7 @@ GenerateResult generate_ar(const DeepseekV3& model, const std::vector<int32_t>& 
       break;
     }
     model.forward(cache, &tok, 1, opt.decode_form, false, step.data(), &st);
-    ++r.n_decode_forwards;
+    ++r.n_target_forwards;
   }
   r.decode_ms = (now_s() - t0) * 1e3;
   r.decode_weight_bytes = st.weight_bytes;

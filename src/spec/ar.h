@@ -30,7 +30,7 @@ struct GenerateResult {
   std::vector<float> logits;       // [output_ids.size(), vocab]: the logits each token was drawn from
   std::vector<float> prompt_logits;  // [prompt, vocab]
   double prefill_ms = 0, decode_ms = 0;
-  int64_t n_prompt = 0, n_decode_forwards = 0;
+  int64_t n_prompt = 0, n_target_forwards = 0;  // forwards run: the prefill plus one per decode step
   uint64_t prefill_weight_bytes = 0, decode_weight_bytes = 0;
 };
 

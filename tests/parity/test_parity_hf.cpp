@@ -30,7 +30,7 @@ template <class T>
 std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
   const TensorInfo* t = f.find(name);
   if (!t) throw std::runtime_error(f.path() + ": no tensor " + name);
-  std::vector<T> out(size_t(t->nbytes() / sizeof(T)));
+  std::vector<T> out(static_cast<size_t>(t->nbytes() / sizeof(T)));
   std::memcpy(out.data(), f.data(*t), t->nbytes());
   return out;
 }

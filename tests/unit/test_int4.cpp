@@ -106,3 +106,58 @@ TEST(Int4, RoundTripErrorIsWithinHalfAStep) {
 
 }  // namespace
 }  // namespace kd
+
+namespace kd {
+namespace {
+
+// linear() takes a fused path for 1–2 rows and a staged (dequantise, then dot) path for more; both
+// must give the same bits for the same row, for every weight encoding (dot.h explains why they can).
+TEST(Linear, FusedAndStagedPathsAreBitIdentical) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t rows = 37, cols = 256;
+  std::vector<float> wf(static_cast<size_t>(rows * cols));
+  for (auto& v : wf) v = nd(rng);
+  std::vector<uint16_t> wb(wf.size()), wh(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  for (size_t i = 0; i < wf.size(); ++i) wh[i] = f32_to_bf16(wf[i]);  // reinterpreted below as F16 bits
+  std::vector<int8_t> q(static_cast<size_t>(cols));
+  std::vector<uint16_t> sc(static_cast<size_t>(rows * cols / 32));
+  std::vector<uint32_t> packed(static_cast<size_t>(rows * cols / 8));
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_int4_row(&wf[size_t(r * cols)], cols, 32, q.data(), &sc[size_t(r * cols / 32)]);
+    pack_int4_row(q.data(), cols, &packed[size_t(r * cols / 8)]);
+  }
+  std::vector<Weight> ws(4);
+  for (auto& w : ws) { w.rows = rows; w.cols = cols; }
+  ws[0].dtype = DType::F32; ws[0].data = wf.data();
+  ws[1].dtype = DType::BF16; ws[1].data = wb.data();
+  ws[2].dtype = DType::F16; ws[2].data = wh.data();
+  ws[3].int4 = true; ws[3].data = packed.data(); ws[3].scales = sc.data(); ws[3].group = 32;
+  const int64_t m = 9;
+  std::vector<float> x(static_cast<size_t>(m * cols));
+  for (auto& v : x) v = nd(rng);
+  for (const Weight& w : ws) {
+    std::vector<float> batch(static_cast<size_t>(m * rows)), one(static_cast<size_t>(rows));
+    cpu::linear(w, x.data(), m, batch.data());
+    for (int64_t i = 0; i < m; ++i) {
+      cpu::linear(w, x.data() + i * cols, 1, one.data());
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(one[size_t(r)], batch[size_t(i * rows + r)]) << "dtype " << int(w.dtype) << " int4 " << w.int4 << " row " << r;
+    }
+    // And against a double-precision reference, to know the fast path is also right.
+    std::vector<float> deq(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::dequant_row(w, r, deq.data());
+      double ref = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        ref += double(deq[size_t(c)]) * double(x[size_t(c)]);
+        mag += std::fabs(double(deq[size_t(c)]) * double(x[size_t(c)]));
+      }
+      ASSERT_NEAR(batch[size_t(r)], ref, mag * 1e-6) << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kd

@@ -1,5 +1,7 @@
 #include "backend/cpu/ops.h"
 
+#include "backend/cpu/dot.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -52,34 +54,40 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
   }
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  for (int s = kLanes / 2; s > 0; s /= 2)
-    for (int j = 0; j < s; ++j) acc[j] += acc[j + s];
-  return acc[0] + tail;
-}
-
 void linear(const Weight& w, const float* x, int64_t m, float* y) {
-  // Dequantise a block of weight rows once, then run every input row against it: the weight is
-  // streamed once per call whatever m is, and x is re-read once per block.
-  constexpr int64_t kBlock = 8;
+  // Two paths with bit-identical results (dot.h): small batches (decode) dot straight from the
+  // stored encoding, streaming each weight row once per input from L1; larger batches dequantise a
+  // block of rows once and run every input against it.
+  constexpr int64_t kBlock = 8, kFusedMaxRows = 2;
   const int64_t n_rows = w.rows, k = w.cols;
+  const bool fused = m <= kFusedMaxRows &&
+                     (w.int4 ? dot_int4_supported(k, w.group) : (w.dtype == DType::BF16 || w.dtype == DType::F32));
   const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
   ThreadPool::global().parallel_for(n_blocks, 4, [&](int64_t b0, int64_t b1) {
+    const int64_t r_begin = b0 * kBlock, r_end = std::min(n_rows, b1 * kBlock);
+    if (fused) {
+      for (int64_t r = r_begin; r < r_end; ++r)
+        for (int64_t i = 0; i < m; ++i) {
+          const float* xi = x + i * k;
+          float v;
+          if (w.int4)
+            v = dot_int4(static_cast<const uint32_t*>(w.data) + r * w.words_per_row(), w.scales + r * (k / w.group), w.group, xi, k);
+          else if (w.dtype == DType::BF16)
+            v = dot_bf16(static_cast<const uint16_t*>(w.data) + r * k, xi, k);
+          else
+            v = dot_f32(static_cast<const float*>(w.data) + r * k, xi, k);
+          y[i * n_rows + r] = v;
+        }
+      return;
+    }
     std::vector<float> buf(static_cast<size_t>(kBlock * k));
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * kBlock, r1 = std::min(n_rows, r0 + kBlock);
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += kBlock) {
+      const int64_t r1 = std::min(r_end, r0 + kBlock);
       for (int64_t r = r0; r < r1; ++r) dequant_row(w, r, buf.data() + (r - r0) * k);
       for (int64_t i = 0; i < m; ++i) {
         const float* xi = x + i * k;
         float* yi = y + i * n_rows;
-        for (int64_t r = r0; r < r1; ++r) yi[r] = dot(buf.data() + (r - r0) * k, xi, k);
+        for (int64_t r = r0; r < r1; ++r) yi[r] = dot_f32(buf.data() + (r - r0) * k, xi, k);
       }
     }
   });

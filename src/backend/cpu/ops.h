@@ -4,15 +4,13 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/cpu/dot.h"
 #include "core/weight.h"
 
 namespace kd::cpu {
 
 // out[cols] = row `r` of w as fp32 (dequantised for INT4).
 void dequant_row(const Weight& w, int64_t r, float* out);
-
-// The dot product every linear uses: 16 fixed lanes, reduced in a fixed order.
-float dot(const float* a, const float* b, int64_t n);
 
 // y[m, w.rows] = x[m, w.cols] · wᵀ.
 void linear(const Weight& w, const float* x, int64_t m, float* y);

@@ -1,0 +1,137 @@
+#include "backend/cpu/dot.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// GCC 12 warns that the _mm512_undefined_* temporaries inside its own intrinsic headers may be used
+// uninitialised (GCC bug 105593, fixed in 13); the intrinsics used here never read them.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace kd::cpu {
+
+namespace {
+
+constexpr int kLanes = 64;
+
+// Elements [from, n) into their lanes one by one, then the fixed halving tree.
+inline float finish(float* acc, const float* w_tail, const float* x, int64_t from, int64_t n) {
+  for (int64_t i = from; i < n; ++i) acc[i % kLanes] = std::fma(w_tail[i - from], x[i], acc[i % kLanes]);
+  for (int s = kLanes / 2; s > 0; s /= 2)
+    for (int j = 0; j < s; ++j) acc[j] += acc[j + s];
+  return acc[0];
+}
+
+}  // namespace
+
+bool dot_int4_supported(int64_t n, int32_t group) { return n % kLanes == 0 && group % 16 == 0; }
+
+#if defined(__AVX512F__)
+
+float dot_f32(const float* w, const float* x, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  alignas(64) float acc[kLanes];
+  _mm512_store_ps(acc, a0);
+  _mm512_store_ps(acc + 16, a1);
+  _mm512_store_ps(acc + 32, a2);
+  _mm512_store_ps(acc + 48, a3);
+  return finish(acc, w + i, x, i, n);
+}
+
+namespace {
+inline __m512 widen_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+}  // namespace
+
+float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    a0 = _mm512_fmadd_ps(widen_bf16(w + i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(widen_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(widen_bf16(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(widen_bf16(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  alignas(64) float acc[kLanes];
+  _mm512_store_ps(acc, a0);
+  _mm512_store_ps(acc + 16, a1);
+  _mm512_store_ps(acc + 32, a2);
+  _mm512_store_ps(acc + 48, a3);
+  float tail[kLanes];
+  for (int64_t k = i; k < n; ++k) tail[k - i] = bf16_to_f32(w[k]);
+  return finish(acc, tail, x, i, n);
+}
+
+float dot_int4(const uint32_t* words, const uint16_t* scales, int32_t group, const float* x, int64_t n) {
+  // 16 nibbles (two words) per vector: lane l takes word l / 8, shifted right by 4 · (l mod 8).
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i shift = _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+  const __m512i mask = _mm512_set1_epi32(0xf), eight = _mm512_set1_epi32(8);
+  auto weights16 = [&](int64_t i) {
+    uint64_t two;
+    std::memcpy(&two, words + i / 8, 8);
+    __m512i v = _mm512_permutexvar_epi32(pick, _mm512_set1_epi64(int64_t(two)));  // 32-bit lanes w0, w1, w0, …
+    v = _mm512_sub_epi32(_mm512_and_si512(_mm512_srlv_epi32(v, shift), mask), eight);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(bf16_to_f32(scales[i / group])));
+  };
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < n; i += kLanes) {
+    a0 = _mm512_fmadd_ps(weights16(i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(weights16(i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(weights16(i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(weights16(i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  alignas(64) float acc[kLanes];
+  _mm512_store_ps(acc, a0);
+  _mm512_store_ps(acc + 16, a1);
+  _mm512_store_ps(acc + 32, a2);
+  _mm512_store_ps(acc + 48, a3);
+  return finish(acc, nullptr, x, n, n);
+}
+
+#else  // portable: the same lanes and order, left to the compiler to vectorise
+
+float dot_f32(const float* w, const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = std::fma(w[i + j], x[i + j], acc[j]);
+  return finish(acc, w + i, x, i, n);
+}
+
+float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = std::fma(bf16_to_f32(w[i + j]), x[i + j], acc[j]);
+  float tail[kLanes];
+  for (int64_t k = i; k < n; ++k) tail[k - i] = bf16_to_f32(w[k]);
+  return finish(acc, tail, x, i, n);
+}
+
+float dot_int4(const uint32_t* words, const uint16_t* scales, int32_t group, const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  for (int64_t i = 0; i < n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const int64_t k = i + j;
+      const float w = float(int32_t((words[k / 8] >> (4 * (k % 8))) & 0xfu) - 8) * bf16_to_f32(scales[k / group]);
+      acc[j] = std::fma(w, x[k], acc[j]);
+    }
+  return finish(acc, nullptr, x, n, n);
+}
+
+#endif
+
+}  // namespace kd::cpu

@@ -1,0 +1,20 @@
+// Dot products for the CPU linear, one per weight encoding, all with ONE accumulation structure:
+// element i goes to lane i mod 64 (acc[lane] = fma(w_i, x_i, acc[lane]) in order of i), then the 64
+// lanes are summed by a fixed halving tree. Dequantised weights are exact in fp32 (bf16 widening;
+// INT4 (u − 8) · bf16 scale needs ≤ 12 significant bits), so dot_bf16 / dot_int4 give bit-identical
+// results to dequantising the row first and calling dot_f32 — the property that lets linear() pick
+// the fused path for small batches and the staged path for large ones without breaking row
+// invariance (DESIGN.md §2).
+#pragma once
+#include <cstdint>
+
+namespace kd::cpu {
+
+float dot_f32(const float* w, const float* x, int64_t n);
+float dot_bf16(const uint16_t* w, const float* x, int64_t n);
+// words: [n / 8] packed nibbles (LSB first, value − 8); scales: bf16 [n / group].
+// Requires n % 64 == 0 and group % 16 == 0 (the caller falls back to dequant + dot_f32 otherwise).
+float dot_int4(const uint32_t* words, const uint16_t* scales, int32_t group, const float* x, int64_t n);
+bool dot_int4_supported(int64_t n, int32_t group);
+
+}  // namespace kd::cpu
