@@ -37,16 +37,16 @@ double median(std::vector<double> v) {
 
 // Read-only streaming bandwidth over a buffer much larger than the caches, all threads, in GB/s.
 double measure_read_bandwidth() {
-  const size_t n = size_t(256) << 20;  // 1 GiB of floats
+  const size_t n = size_t(512) << 20;  // 2 GiB of floats, far past any cache
   std::vector<float> buf(n, 1.0f);
   std::vector<double> runs;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 9; ++rep) {
     std::vector<float> partial(size_t(ThreadPool::global().size()), 0.0f);
     const double t0 = now_s();
     ThreadPool::global().parallel_for(int64_t(n), 1 << 20, [&](int64_t b, int64_t e) {
-      float acc[16] = {};
-      for (int64_t i = b; i + 16 <= e; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += buf[size_t(i + j)];
+      float acc[64] = {};  // enough independent chains that the adds never limit the reads
+      for (int64_t i = b; i + 64 <= e; i += 64)
+        for (int j = 0; j < 64; ++j) acc[j] += buf[size_t(i + j)];
       float s = 0;
       for (float a : acc) s += a;
       partial[size_t(b * int64_t(partial.size()) / int64_t(n))] = s;
@@ -113,7 +113,7 @@ int cmd_bench(const BenchOptions& o) {
               threads, (long long)o.n_prompt, pp_tps, pp_gbps, 100 * pp_gbps / bw);
   std::printf("| %s | %.1f MB | cpu | %d | tg%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6,
               threads, (long long)o.n_gen, tg_tps, tg_gbps, 100 * tg_gbps / bw);
-  std::printf("\nmeasured read bandwidth: %.2f GB/s (%d threads, median of 5); median of %lld repetitions\n", bw, threads,
+  std::printf("\nmeasured read bandwidth: %.2f GB/s (%d threads, median of 9); median of %lld repetitions\n", bw, threads,
               (long long)o.repetitions);
   return 0;
 }

@@ -13,29 +13,41 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_work_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
+namespace {
+constexpr int kSpins = 4000;  // ~100 µs of pause instructions before a thread sleeps
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
 void ThreadPool::worker(int idx) {
   uint64_t seen = 0;
   for (;;) {
-    std::pair<int64_t, int64_t> r;
-    const std::function<void(int64_t, int64_t)>* job;
-    {
+    uint64_t g;
+    int spins = 0;
+    while ((g = generation_.load(std::memory_order_acquire)) == seen) {
+      if (stop_.load(std::memory_order_acquire)) return;
+      if (++spins < kSpins) {
+        cpu_relax();
+        continue;
+      }
       std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      r = idx < int(ranges_.size()) ? ranges_[size_t(idx)] : std::pair<int64_t, int64_t>{0, 0};
+      cv_work_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
     }
-    if (r.first < r.second) (*job)(r.first, r.second);
-    {
+    seen = g;
+    const auto r = ranges_[size_t(idx)];
+    if (r.first < r.second) (*job_)(r.first, r.second);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      cv_done_.notify_one();
     }
   }
 }
@@ -47,19 +59,24 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn(0, n);
     return;
   }
-  std::vector<std::pair<int64_t, int64_t>> ranges(size_t(n_threads_), {0, 0});
-  for (int64_t c = 0; c < chunks; ++c) ranges[size_t(c)] = {n * c / chunks, n * (c + 1) / chunks};
+  ranges_.assign(size_t(n_threads_), {0, 0});
+  for (int64_t c = 0; c < chunks; ++c) ranges_[size_t(c)] = {n * c / chunks, n * (c + 1) / chunks};
+  job_ = &fn;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    ranges_ = std::move(ranges);
-    job_ = &fn;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    std::lock_guard<std::mutex> lk(mu_);  // a worker between its check and its wait cannot miss this
+    generation_.fetch_add(1, std::memory_order_release);
   }
   cv_work_.notify_all();
   fn(ranges_[0].first, ranges_[0].second);  // the caller takes chunk 0
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpins) {
+      cpu_relax();
+      continue;
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [&] { return pending_.load() == 0; });
+  }
 }
 
 namespace {

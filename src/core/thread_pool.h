@@ -3,6 +3,7 @@
 // output element is computed by exactly one thread in a fixed order, so results never depend on
 // the number of threads (row invariance on the CPU).
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -34,10 +35,10 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  std::vector<std::pair<int64_t, int64_t>> ranges_;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // written before generation_ is bumped
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace kd

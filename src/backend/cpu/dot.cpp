@@ -10,6 +10,7 @@
 // GCC 12 warns that the _mm512_undefined_* temporaries inside its own intrinsic headers may be used
 // uninitialised (GCC bug 105593, fixed in 13); the intrinsics used here never read them.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace kd::cpu {
@@ -32,6 +33,29 @@ bool dot_int4_supported(int64_t n, int32_t group) { return n % kLanes == 0 && gr
 
 #if defined(__AVX512F__)
 
+namespace {
+// The same halving tree as finish(), done on registers (elementwise adds in the same order, so
+// bit-identical): lanes j += j+32, then j += j+16, then within the register 8, 4, 2, 1.
+inline float reduce64(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  __m512 v = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+  return _mm_cvtss_f32(q);
+}
+
+inline float finish4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, const float* w_tail, const float* x, int64_t i, int64_t n) {
+  if (i == n) return reduce64(a0, a1, a2, a3);
+  alignas(64) float acc[kLanes];
+  _mm512_store_ps(acc, a0);
+  _mm512_store_ps(acc + 16, a1);
+  _mm512_store_ps(acc + 32, a2);
+  _mm512_store_ps(acc + 48, a3);
+  return finish(acc, w_tail, x, i, n);
+}
+}  // namespace
+
 float dot_f32(const float* w, const float* x, int64_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -41,12 +65,7 @@ float dot_f32(const float* w, const float* x, int64_t n) {
     a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
     a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
   }
-  alignas(64) float acc[kLanes];
-  _mm512_store_ps(acc, a0);
-  _mm512_store_ps(acc + 16, a1);
-  _mm512_store_ps(acc + 32, a2);
-  _mm512_store_ps(acc + 48, a3);
-  return finish(acc, w + i, x, i, n);
+  return finish4(a0, a1, a2, a3, w + i, x, i, n);
 }
 
 namespace {
@@ -64,14 +83,9 @@ float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
     a2 = _mm512_fmadd_ps(widen_bf16(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
     a3 = _mm512_fmadd_ps(widen_bf16(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
   }
-  alignas(64) float acc[kLanes];
-  _mm512_store_ps(acc, a0);
-  _mm512_store_ps(acc + 16, a1);
-  _mm512_store_ps(acc + 32, a2);
-  _mm512_store_ps(acc + 48, a3);
   float tail[kLanes];
   for (int64_t k = i; k < n; ++k) tail[k - i] = bf16_to_f32(w[k]);
-  return finish(acc, tail, x, i, n);
+  return finish4(a0, a1, a2, a3, tail, x, i, n);
 }
 
 float dot_int4(const uint32_t* words, const uint16_t* scales, int32_t group, const float* x, int64_t n) {
@@ -93,12 +107,7 @@ float dot_int4(const uint32_t* words, const uint16_t* scales, int32_t group, con
     a2 = _mm512_fmadd_ps(weights16(i + 32), _mm512_loadu_ps(x + i + 32), a2);
     a3 = _mm512_fmadd_ps(weights16(i + 48), _mm512_loadu_ps(x + i + 48), a3);
   }
-  alignas(64) float acc[kLanes];
-  _mm512_store_ps(acc, a0);
-  _mm512_store_ps(acc + 16, a1);
-  _mm512_store_ps(acc + 32, a2);
-  _mm512_store_ps(acc + 48, a3);
-  return finish(acc, nullptr, x, n, n);
+  return reduce64(a0, a1, a2, a3);
 }
 
 #else  // portable: the same lanes and order, left to the compiler to vectorise
