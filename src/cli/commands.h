@@ -41,4 +41,12 @@ struct BenchOptions {
 void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);
 
+struct TreeOptions {
+  std::string logits;
+  int64_t budget = 0;
+  bool chain = false, json = false;
+};
+void add_tree(CLI::App& app, TreeOptions& o);
+int cmd_tree(const TreeOptions& o);
+
 }  // namespace kd::cli

@@ -28,6 +28,20 @@ class LatentCache {
   float* row(int64_t layer, int64_t pos) { return layers_[size_t(layer)].data() + pos * dim_; }
   const float* row(int64_t layer, int64_t pos) const { return layers_[size_t(layer)].data() + pos * dim_; }
   void commit(int64_t n) { size_ = n; }  // also truncates
+  // DDTree compaction: the scratch rows start + keep[k] move to start + k in every layer and the
+  // cache commits start + keep.size() rows. keep must increase with keep[k] ≥ k (a tree path in pop
+  // order), so moving front to back never overwrites a row still to be read. Nothing is recomputed:
+  // each kept row attended only to its ancestors, at its own position.
+  void compact(int64_t start, const std::vector<int32_t>& keep) {
+    for (size_t k = 0; k < keep.size(); ++k) {
+      if (keep[k] < int32_t(k) || (k > 0 && keep[k] <= keep[k - 1]))
+        fail("KV compaction: kept rows must increase (row ", keep[k], " at slot ", k, ")");
+      if (keep[k] == int32_t(k)) continue;
+      for (auto& l : layers_)
+        std::copy_n(l.data() + (start + keep[k]) * dim_, dim_, l.data() + (start + int64_t(k)) * dim_);
+    }
+    commit(start + int64_t(keep.size()));
+  }
   uint64_t bytes_per_token() const { return uint64_t(layers_.size()) * uint64_t(dim_) * sizeof(float); }
 
  private:

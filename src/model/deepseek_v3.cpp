@@ -253,8 +253,11 @@ void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, Forwa
   }
 }
 
-void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, int64_t n, AttnForm form, float* out,
-                           ForwardStats* st) const {
+void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, const ForwardArgs& a,
+                           const int32_t* positions, float* out) const {
+  const int64_t n = a.n;
+  const AttnForm form = a.form;
+  ForwardStats* st = a.stats;
   const LayerWeights& w = layers_[size_t(layer)];
   const ModelConfig& c = cfg_;
   const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
@@ -266,7 +269,7 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
   cpu::rmsnorm(cq.data(), w.q_a_norm.data(), n, c.q_lora_rank, c.latent_norm_eps, cq.data());
   cpu::linear(w.q_b, cq.data(), n, q.data());
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t h = 0; h < H; ++h) cpu::rope_gptj(&q[size_t((i * H + h) * qk + dn)], dr / 2, inv_freq_.data(), start + i, rope_scaling_);
+    for (int64_t h = 0; h < H; ++h) cpu::rope_gptj(&q[size_t((i * H + h) * qk + dn)], dr / 2, inv_freq_.data(), positions[i], rope_scaling_);
 
   // Latent KV of the new tokens: [RMSNorm(c_kv) | RoPE(k_pe)] into the cache.
   std::vector<float> kv(static_cast<size_t>(n * D));
@@ -275,11 +278,22 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
     float* row = cache.row(layer, start + i);
     cpu::rmsnorm(&kv[size_t(i * D)], w.kv_a_norm.data(), 1, Lr, c.latent_norm_eps, row);
     std::memcpy(row + Lr, &kv[size_t(i * D + Lr)], size_t(dr) * sizeof(float));
-    cpu::rope_gptj(row + Lr, dr / 2, inv_freq_.data(), start + i, rope_scaling_);
+    cpu::rope_gptj(row + Lr, dr / 2, inv_freq_.data(), positions[i], rope_scaling_);
   }
   if (st) st->weight_bytes += w.q_a.bytes() + w.q_b.bytes() + w.kv_a.bytes() + w.kv_b.bytes() + w.o.bytes();
 
-  const int64_t S = start + n;  // keys visible to the last row
+  const int64_t S = start + n;  // cache rows any new row may see
+  // Keys row i attends to, in cache order: every committed row, then the new rows it may see
+  // (causal, or its tree ancestors and itself). The order is the AR order of the same prefix, so a
+  // verified node reproduces its AR step bit for bit.
+  std::vector<std::vector<int32_t>> keys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    auto& k = keys[size_t(i)];
+    k.reserve(size_t(start + i + 1));
+    for (int64_t s = 0; s < start; ++s) k.push_back(int32_t(s));
+    for (int64_t j = 0; j < n; ++j)
+      if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
+  }
   std::vector<float> attn(static_cast<size_t>(n * H * dv));
   if (form == AttnForm::expanded) {
     // HF's form: k_nope and v of every cached token re-projected through kv_b.
@@ -291,20 +305,22 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t i = 0; i < n; ++i) {
           const float* qi = &q[size_t((i * H + h) * qk)];
-          const int64_t len = start + i + 1;
+          const auto& ki = keys[size_t(i)];
+          const int64_t len = int64_t(ki.size());
           float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t s = 0; s < len; ++s) {
+          for (int64_t t = 0; t < len; ++t) {
+            const int64_t s = ki[size_t(t)];
             const float* ks = &kvb[size_t((s * H + h) * (dn + dv))];
-            p[size_t(s)] = (cpu::dot_f32(qi, ks, dn) + cpu::dot_f32(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
-            mx = std::max(mx, p[size_t(s)]);
+            p[size_t(t)] = (cpu::dot_f32(qi, ks, dn) + cpu::dot_f32(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
+            mx = std::max(mx, p[size_t(t)]);
           }
           float sum = 0;
-          for (int64_t s = 0; s < len; ++s) sum += (p[size_t(s)] = std::exp(p[size_t(s)] - mx));
+          for (int64_t t = 0; t < len; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
           float* o = &attn[size_t((i * H + h) * dv)];
           std::fill(o, o + dv, 0.0f);
-          for (int64_t s = 0; s < len; ++s) {
-            const float ps = p[size_t(s)] / sum;
-            const float* vs = &kvb[size_t((s * H + h) * (dn + dv) + dn)];
+          for (int64_t t = 0; t < len; ++t) {
+            const float ps = p[size_t(t)] / sum;
+            const float* vs = &kvb[size_t((int64_t(ki[size_t(t)]) * H + h) * (dn + dv) + dn)];
             for (int64_t d = 0; d < dv; ++d) o[d] += ps * vs[d];
           }
         }
@@ -320,19 +336,20 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
           std::fill(qlat.begin(), qlat.end(), 0.0f);
           for (int64_t d = 0; d < dn; ++d)
             for (int64_t l = 0; l < Lr; ++l) qlat[size_t(l)] += qi[d] * wkv[size_t(d * Lr + l)];
-          const int64_t len = start + i + 1;
+          const auto& ki = keys[size_t(i)];
+          const int64_t len = int64_t(ki.size());
           float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t s = 0; s < len; ++s) {
-            const float* ks = cache.row(layer, s);
-            p[size_t(s)] = (cpu::dot_f32(qlat.data(), ks, Lr) + cpu::dot_f32(qi + dn, ks + Lr, dr)) * softmax_scale_;
-            mx = std::max(mx, p[size_t(s)]);
+          for (int64_t t = 0; t < len; ++t) {
+            const float* ks = cache.row(layer, ki[size_t(t)]);
+            p[size_t(t)] = (cpu::dot_f32(qlat.data(), ks, Lr) + cpu::dot_f32(qi + dn, ks + Lr, dr)) * softmax_scale_;
+            mx = std::max(mx, p[size_t(t)]);
           }
           float sum = 0;
-          for (int64_t s = 0; s < len; ++s) sum += (p[size_t(s)] = std::exp(p[size_t(s)] - mx));
+          for (int64_t t = 0; t < len; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
           std::fill(olat.begin(), olat.end(), 0.0f);
-          for (int64_t s = 0; s < len; ++s) {
-            const float ps = p[size_t(s)] / sum;
-            const float* ks = cache.row(layer, s);
+          for (int64_t t = 0; t < len; ++t) {
+            const float ps = p[size_t(t)] / sum;
+            const float* ks = cache.row(layer, ki[size_t(t)]);
             for (int64_t l = 0; l < Lr; ++l) olat[size_t(l)] += ps * ks[l];
           }
           float* o = &attn[size_t((i * H + h) * dv)];
@@ -346,32 +363,56 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, in
 
 void DeepseekV3::forward(LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
                          float* logits, ForwardStats* st) const {
+  ForwardArgs a;
+  a.ids = ids;
+  a.n = n;
+  a.form = form;
+  a.all_logits = all_logits;
+  a.logits = logits;
+  a.stats = st;
+  forward(cache, a);
+}
+
+void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const {
   const ModelConfig& c = cfg_;
-  const int64_t hid = c.hidden_size, start = cache.size();
+  const int64_t hid = c.hidden_size, start = cache.size(), n = a.n;
   if (n <= 0) fail("forward: no tokens");
   for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
+    if (a.ids[i] < 0 || a.ids[i] >= c.vocab_size)
+      fail("token id ", a.ids[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
   if (start + n > cache.max_tokens())
     fail("context full: ", start, " + ", n, " tokens exceed the limit of ", cache.max_tokens());
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    positions[size_t(i)] = a.positions ? a.positions[i] : int32_t(start + i);
+    if (positions[size_t(i)] < 0 || positions[size_t(i)] >= c.max_position_embeddings)
+      fail("position ", positions[size_t(i)], " is outside the model's context [0, ", c.max_position_embeddings, ")");
+  }
+  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
   cache.reserve(start + n);
 
-  std::vector<float> x(static_cast<size_t>(n * hid)), xn(static_cast<size_t>(n * hid)), y(static_cast<size_t>(n * hid));
-  cpu::embed(embed_, ids, n, x.data());
+  std::vector<float> x(size_t(n * hid)), xn(size_t(n * hid)), y(size_t(n * hid));
+  cpu::embed(embed_, a.ids, n, x.data());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];
     cpu::rmsnorm(x.data(), w.attn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
-    attention(l, cache, xn.data(), n, form, y.data(), st);
+    attention(l, cache, xn.data(), a, positions.data(), y.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     cpu::rmsnorm(x.data(), w.ffn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
-    ffn(l, xn.data(), n, y.data(), st);
+    ffn(l, xn.data(), n, y.data(), a.stats);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    // HF's hidden_states[l + 1]: the residual stream after layer l, which DFlash taps.
+    for (int64_t t = 0; t < n_taps; ++t)
+      if ((*a.tap_layers)[size_t(t)] == l)
+        for (int64_t i = 0; i < n; ++i)
+          std::copy(&x[size_t(i * hid)], &x[size_t(i * hid)] + hid, a.taps + (i * n_taps + t) * hid);
   }
-  cache.commit(start + n);
-  if (!logits) return;
-  const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
+  if (a.commit) cache.commit(start + n);
+  if (!a.logits) return;
+  const int64_t first = a.all_logits ? 0 : n - 1, rows = n - first;
   cpu::rmsnorm(x.data() + first * hid, final_norm_.data(), rows, hid, c.rms_norm_eps, xn.data());
-  cpu::linear(lm_head_, xn.data(), rows, logits);
-  if (st) st->weight_bytes += lm_head_.bytes();
+  cpu::linear(lm_head_, xn.data(), rows, a.logits);
+  if (a.stats) a.stats->weight_bytes += lm_head_.bytes();
 }
 
 }  // namespace kd

@@ -44,11 +44,32 @@ struct ForwardStats {
   uint64_t weight_bytes = 0;  // weight bytes streamed (each matrix counted once per call)
 };
 
+// One target forward over n new tokens that follow the cache's committed rows. Beyond plain
+// causal decoding it serves DDTree's verify pass: explicit RoPE positions (siblings share one),
+// an ancestor-only visibility mask over the new rows, rows left uncommitted for compaction, and
+// the residual-stream outputs of chosen layers for the drafter.
+struct ForwardArgs {
+  const int32_t* ids = nullptr;           // [n]
+  int64_t n = 0;
+  const int32_t* positions = nullptr;     // [n] RoPE positions; null → cache.size() + i
+  const uint8_t* visibility = nullptr;    // [n, n]: row i sees new row j iff 1; null → causal (j ≤ i)
+  bool commit = true;                     // false: the rows stay scratch at [size, size + n)
+  AttnForm form = AttnForm::absorbed;
+  bool all_logits = false;                // logits for every row, else only the last
+  float* logits = nullptr;                // [n or 1, vocab]; may be null
+  const std::vector<int32_t>* tap_layers = nullptr;  // layer ids whose outputs to copy out
+  float* taps = nullptr;                  // [n, tap_layers.size(), hidden]
+  ForwardStats* stats = nullptr;
+};
+
 class DeepseekV3 {
  public:
   explicit DeepseekV3(const Checkpoint& ckpt);  // validates every tensor's name, dtype and shape
 
   const ModelConfig& config() const { return cfg_; }
+  const Weight& embedding() const { return embed_; }  // [vocab, hidden]; the DFlash drafter shares it
+  const Weight& lm_head() const { return lm_head_; }  // [vocab, hidden]; the drafter shares it too
+  const std::vector<float>& final_norm() const { return final_norm_; }
   LatentCache new_cache(int64_t max_tokens) const;
 
   // Runs tokens ids[0..n) at positions cache.size() … cache.size()+n−1 (causal), appends their
@@ -56,14 +77,15 @@ class DeepseekV3 {
   // token; may be null. ids must be in [0, vocab) (checked).
   void forward(LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
                float* logits, ForwardStats* stats = nullptr) const;
+  void forward(LatentCache& cache, const ForwardArgs& args) const;
 
   // MoE router of one row of `layer` (SPEC-MODEL.md §2 MoE): from fp32 router logits [n_routed_experts]
   // to the chosen experts [num_experts_per_tok] (ascending id) and their weights.
   void route(int64_t layer, const float* router_logits, int32_t* experts, float* weights) const;
 
  private:
-  void attention(int64_t layer, LatentCache& cache, const float* x, int64_t n, AttnForm form, float* out,
-                 ForwardStats* st) const;
+  void attention(int64_t layer, LatentCache& cache, const float* x, const ForwardArgs& a, const int32_t* positions,
+                 float* out) const;
   void ffn(int64_t layer, const float* x, int64_t n, float* out, ForwardStats* st) const;
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out, ForwardStats* st) const;
 

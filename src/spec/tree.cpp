@@ -1,0 +1,150 @@
+#include "spec/tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <queue>
+
+#include "core/error.h"
+
+namespace kd {
+
+int32_t DraftTree::child_with_token(int32_t cur, int32_t token) const {
+  for (int32_t c : children[size_t(cur)])
+    if (tokens[size_t(c)] == token) return c;
+  return -1;
+}
+
+std::vector<uint8_t> DraftTree::visibility() const {
+  const int64_t n = size();
+  std::vector<uint8_t> m(size_t(n * n), 0);
+  m[0] = 1;
+  for (int64_t i = 1; i < n; ++i) {
+    const int64_t p = parents[size_t(i)];
+    std::copy(m.begin() + p * n, m.begin() + p * n + n, m.begin() + i * n);
+    m[size_t(i * n + i)] = 1;
+  }
+  return m;
+}
+
+namespace {
+
+struct TopK {
+  std::vector<int32_t> ids;    // [positions, k]
+  std::vector<float> logp;     // [positions, k]
+  std::vector<int64_t> valid;  // [positions]: ranks with a finite logit (−inf tokens cannot be drafted)
+};
+
+TopK top_k_logp(const float* logits, int64_t positions, int64_t vocab, int64_t k) {
+  TopK t;
+  t.ids.resize(size_t(positions * k));
+  t.logp.resize(size_t(positions * k));
+  t.valid.assign(size_t(positions), 0);
+  std::vector<int32_t> idx(static_cast<size_t>(vocab));
+  for (int64_t p = 0; p < positions; ++p) {
+    const float* row = logits + p * vocab;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (std::isnan(row[v])) fail("draft logits: NaN at position ", p, ", token ", v);
+      if (row[v] == std::numeric_limits<float>::infinity()) fail("draft logits: +inf at position ", p, ", token ", v);
+      mx = std::max(mx, double(row[v]));
+    }
+    if (!std::isfinite(mx)) fail("draft logits: position ", p, " has no finite logit");
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
+    const double lse = mx + std::log(sum);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int64_t r = 0; r < k; ++r) {
+      t.ids[size_t(p * k + r)] = idx[size_t(r)];
+      t.logp[size_t(p * k + r)] = float(double(row[idx[size_t(r)]]) - lse);
+      if (std::isfinite(row[idx[size_t(r)]])) t.valid[size_t(p)] = r + 1;
+    }
+  }
+  return t;
+}
+
+struct HeapEntry {
+  double score;
+  std::vector<int32_t> ranks;  // the rank tuple ρ: one rank per depth
+  int32_t parent;
+};
+
+// std::priority_queue pops the "largest"; we want the smallest (−σ, ρ, parent) first.
+struct PopsLater {
+  bool operator()(const HeapEntry& a, const HeapEntry& b) const {
+    if (-a.score != -b.score) return -a.score > -b.score;
+    if (a.ranks != b.ranks) return a.ranks > b.ranks;  // lexicographic
+    return a.parent > b.parent;
+  }
+};
+
+DraftTree empty_tree(int64_t positions) {
+  DraftTree t;
+  t.positions = positions;
+  t.tokens = {-1};
+  t.depths = {0};
+  t.parents = {-1};
+  t.ranks = {0};
+  t.scores = {0.0};
+  t.children.resize(1);
+  return t;
+}
+
+void add_node(DraftTree& t, int32_t token, int32_t depth, int32_t parent, int32_t rank, double score) {
+  t.tokens.push_back(token);
+  t.depths.push_back(depth);
+  t.parents.push_back(parent);
+  t.ranks.push_back(rank);
+  t.scores.push_back(score);
+  t.children.emplace_back();
+  t.children[size_t(parent)].push_back(int32_t(t.tokens.size() - 1));
+}
+
+}  // namespace
+
+DraftTree build_draft_tree(const float* logits, int64_t positions, int64_t vocab, int64_t budget) {
+  if (positions < 1 || vocab < 1) fail("draft tree: need at least one position and one token (got ", positions, " × ", vocab, ")");
+  if (budget < 1) fail("draft tree: budget must be at least 1 (got ", budget, ")");
+  const int64_t k = std::min(budget, vocab);
+  const TopK top = top_k_logp(logits, positions, vocab, k);
+  auto logp = [&](int64_t pos, int64_t rank) { return double(top.logp[size_t(pos * k + rank)]); };
+
+  DraftTree t = empty_tree(positions);
+  std::priority_queue<HeapEntry, std::vector<HeapEntry>, PopsLater> heap;
+  heap.push({logp(0, 0), {0}, 0});
+  while (!heap.empty() && t.size() - 1 < budget) {
+    HeapEntry e = heap.top();
+    heap.pop();
+    const int32_t depth = int32_t(e.ranks.size()), rank = e.ranks.back();
+    add_node(t, top.ids[size_t((depth - 1) * k + rank)], depth, e.parent, rank, e.score);
+    const int32_t idx = int32_t(t.size() - 1);
+    if (rank + 1 < top.valid[size_t(depth - 1)]) {
+      HeapEntry sib{e.score - logp(depth - 1, rank) + logp(depth - 1, rank + 1), e.ranks, e.parent};
+      sib.ranks.back() = rank + 1;
+      heap.push(std::move(sib));
+    }
+    if (depth < positions) {
+      HeapEntry child{e.score + logp(depth, 0), e.ranks, idx};
+      child.ranks.push_back(0);
+      heap.push(std::move(child));
+    }
+  }
+  return t;
+}
+
+DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t vocab) {
+  if (positions < 1 || vocab < 1) fail("draft chain: need at least one position and one token");
+  const TopK top = top_k_logp(logits, positions, vocab, 1);
+  DraftTree t = empty_tree(positions);
+  double score = 0;
+  for (int64_t p = 0; p < positions; ++p) {
+    score += double(top.logp[size_t(p)]);
+    add_node(t, top.ids[size_t(p)], int32_t(p + 1), int32_t(p), 0, score);
+  }
+  return t;
+}
+
+}  // namespace kd

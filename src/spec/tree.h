@@ -1,0 +1,38 @@
+// DDTree's draft tree (SPEC-DDTREE.md §2, Algorithm 1): from per-position draft logits, the
+// `budget` prefixes with the highest surrogate probability under the factorised draft
+// distribution, found best-first with a heap. Nodes are numbered in pop order (root 0 = the bonus
+// token), so parent[i] < i and every node's ancestors precede it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace kd {
+
+struct DraftTree {
+  int64_t positions = 0;          // L: draft positions (block size − 1)
+  std::vector<int32_t> tokens;    // [n + 1]; tokens[0] is the root (set by the caller, −1 until then)
+  std::vector<int32_t> depths;    // [n + 1]; root 0, nodes 1..L
+  std::vector<int32_t> parents;   // [n + 1]; parents[0] = −1
+  std::vector<int32_t> ranks;     // [n + 1]; rank of the token within its position's top-K (root 0)
+  std::vector<double> scores;     // [n + 1]; surrogate log-probability σ (root 0)
+  std::vector<std::vector<int32_t>> children;  // [n + 1]; in pop order
+
+  int64_t size() const { return int64_t(tokens.size()); }  // n + 1, root included
+  // Index of cur's child carrying `token`, or −1.
+  int32_t child_with_token(int32_t cur, int32_t token) const;
+  // Ancestor-or-self visibility: mask[i * size() + j] = 1 when j is i or an ancestor of i.
+  std::vector<uint8_t> visibility() const;
+};
+
+// logits: [positions, vocab] fp32 draft logits (temperature 1). budget ≥ 1 nodes, root excluded.
+// Per position, tokens are ranked by logit (ties: lower id) and the first min(budget, vocab) kept,
+// minus any with a −inf logit (zero draft probability: never a node); logp = fp32(logit − LSE) with
+// the LSE in double; σ in double, updated incrementally (sibling: σ − logp[d−1,r] + logp[d−1,r+1];
+// child: σ + logp[d,0]); heap ties broken by the smaller rank tuple, then the smaller parent index
+// (the order of Python tuples in the reference).
+DraftTree build_draft_tree(const float* logits, int64_t positions, int64_t vocab, int64_t budget);
+
+// The single chain of top-1 tokens (DFlash verify): `positions` nodes, node i's parent is i − 1.
+DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t vocab);
+
+}  // namespace kd
