@@ -4,7 +4,6 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "core/error.h"
@@ -102,7 +101,7 @@ QuantConfig parse_quant(const json& q, const std::string& label) {
       if (p.rfind("re:", 0) == 0) {
         try {
           out.ignore_re.emplace_back(p.substr(3));
-        } catch (const std::regex_error& e) {
+        } catch (const Error& e) {
           fail(label, ": quantization_config.ignore pattern '", p, "' is not a valid regex: ", e.what());
         }
       } else {
@@ -121,7 +120,7 @@ bool QuantConfig::is_quantized(const std::string& module) const {
   for (const auto& p : ignore)
     if (p == module) return false;
   for (const auto& re : ignore_re)
-    if (std::regex_search(module, re, std::regex_constants::match_continuous)) return false;
+    if (re.match_prefix(module)) return false;
   return true;
 }
 

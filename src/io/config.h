@@ -3,9 +3,10 @@
 // does not implement (softmax routing, FP8 weights, q_lora_rank null, …) is refused by name.
 #pragma once
 #include <cstdint>
-#include <regex>
 #include <string>
 #include <vector>
+
+#include "core/regex.h"
 
 namespace kd {
 
@@ -23,7 +24,7 @@ struct QuantConfig {
   int32_t num_bits = 4;
   int32_t group_size = 32;
   std::vector<std::string> ignore;    // exact module names from the ignore list
-  std::vector<std::regex> ignore_re;  // its "re:" entries, matched at the start of the name like re.match
+  std::vector<Regex> ignore_re;      // its "re:" entries, matched at the start of the name like re.match
   // module = full module name without ".weight", e.g. "model.layers.3.mlp.experts.7.down_proj".
   bool is_quantized(const std::string& module) const;
 };

@@ -9,8 +9,10 @@
 #include <immintrin.h>
 // GCC 12 warns that the _mm512_undefined_* temporaries inside its own intrinsic headers may be used
 // uninitialised (GCC bug 105593, fixed in 13); the intrinsics used here never read them.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #endif
 
 namespace kd::cpu {
