@@ -295,12 +295,14 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, co
       if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
   }
   std::vector<float> attn(static_cast<size_t>(n * H * dv));
+  // Heads are split across threads only when a head's work outweighs a hand-off.
+  const int64_t head_grain = n * S * Lr >= (int64_t(1) << 16) ? 1 : H;
   if (form == AttnForm::expanded) {
     // HF's form: k_nope and v of every cached token re-projected through kv_b.
     std::vector<float> ckv(static_cast<size_t>(S * Lr)), kvb(static_cast<size_t>(S * H * (dn + dv)));
     for (int64_t s = 0; s < S; ++s) std::memcpy(&ckv[size_t(s * Lr)], cache.row(layer, s), size_t(Lr) * sizeof(float));
     cpu::linear(w.kv_b, ckv.data(), S, kvb.data());
-    ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+    ThreadPool::global().parallel_for(H, head_grain, [&](int64_t h0, int64_t h1) {
       std::vector<float> p(static_cast<size_t>(S));
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t i = 0; i < n; ++i) {
@@ -327,7 +329,7 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, co
     });
   } else {
     // Absorbed: q_lat = W_UKᵀ q_nope attends over the latent directly; W_UV applies after the sum.
-    ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+    ThreadPool::global().parallel_for(H, head_grain, [&](int64_t h0, int64_t h1) {
       std::vector<float> wkv(static_cast<size_t>((dn + dv) * Lr)), qlat(static_cast<size_t>(Lr)), olat(static_cast<size_t>(Lr)), p(static_cast<size_t>(S));
       for (int64_t h = h0; h < h1; ++h) {
         for (int64_t r = 0; r < dn + dv; ++r) cpu::dequant_row(w.kv_b, h * (dn + dv) + r, &wkv[size_t(r * Lr)]);

@@ -63,7 +63,9 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
   const bool fused = m <= kFusedMaxRows &&
                      (w.int4 ? dot_int4_supported(k, w.group) : (w.dtype == DType::BF16 || w.dtype == DType::F32));
   const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
-  ThreadPool::global().parallel_for(n_blocks, 4, [&](int64_t b0, int64_t b1) {
+  // Split only when each thread gets enough work to outweigh a hand-off (~2^18 multiply-adds).
+  const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 18) / std::max<int64_t>(1, kBlock * k * m));
+  ThreadPool::global().parallel_for(n_blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t r_begin = b0 * kBlock, r_end = std::min(n_rows, b1 * kBlock);
     if (fused) {
       for (int64_t r = r_begin; r < r_end; ++r)

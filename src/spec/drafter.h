@@ -1,0 +1,52 @@
+// What DDTree needs from a drafter: per-position draft logits for the block after the bonus token,
+// and (for DFlash) the target's tapped hidden states of every committed token.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kd {
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string name() const = 0;        // printed in stats (synthetic drafters say so)
+  virtual int64_t block_size() const = 0;      // B: the bonus token plus B − 1 draft positions
+  // Target layers whose residual-stream outputs the drafter consumes; empty for synthetic drafters.
+  virtual const std::vector<int32_t>& tap_layers() const = 0;
+  // Features of n newly committed tokens at positions [context_len, context_len + n):
+  // taps [n, tap_layers().size(), hidden] (nullptr when tap_layers() is empty).
+  virtual void append_context(const float* taps, int64_t n) = 0;
+  virtual int64_t context_len() const = 0;
+  // Draft logits [B − 1, vocab] for positions start + 1 … start + B − 1, where the bonus token sits
+  // at position start == context_len().
+  virtual void draft(int32_t bonus, int64_t start, float* logits) = 0;
+};
+
+// A drafter for measurement and tests, clearly not a model: it knows the target's own continuation
+// (`truth`, indexed by absolute position, from an AR run with the same settings) and puts the true
+// token at rank r with probability profile[r] (the remaining mass: not among the top ranks at all).
+// Draft logits are 10 − rank for the ranked tokens (decoys fill the other ranks) and 0 elsewhere.
+// The draw for position p is a pure function of (seed, p). profile = {1} is the oracle.
+class SyntheticDrafter : public Drafter {
+ public:
+  SyntheticDrafter(std::vector<int32_t> truth, std::vector<double> profile, int64_t block_size, int64_t vocab,
+                   uint64_t seed);
+  // "oracle" or comma-separated rank probabilities, e.g. "0.7,0.2"; throws on a bad spec.
+  static std::vector<double> parse_profile(const std::string& spec);
+  std::string name() const override;
+  int64_t block_size() const override { return block_; }
+  const std::vector<int32_t>& tap_layers() const override { return no_taps_; }
+  void append_context(const float*, int64_t n) override { ctx_ += n; }
+  int64_t context_len() const override { return ctx_; }
+  void draft(int32_t bonus, int64_t start, float* logits) override;
+
+ private:
+  std::vector<int32_t> truth_;
+  std::vector<double> profile_;
+  int64_t block_, vocab_, ctx_ = 0;
+  uint64_t seed_;
+  std::vector<int32_t> no_taps_;
+};
+
+}  // namespace kd
