@@ -26,6 +26,8 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("-r,--repetitions", o.repetitions, "Repetitions; the median is reported")->check(CLI::Range(1, 1000));
   c->add_option("--device", o.device, "cpu (cuda arrives with the CUDA backend issue)");
   c->add_flag("--json", o.json, "Print one JSON object");
+  c->add_flag("--verify-curve", o.verify_curve,
+              "Also time one DDTree verify forward over N tree nodes, N = 1, 2, 4 … 64, after the prompt: cost(N)/cost(1)");
 }
 
 namespace {
@@ -93,6 +95,44 @@ int cmd_bench(const BenchOptions& o) {
     pp_gb.push_back(double(pp_bytes) / (pp * 1e-3) / 1e9);
     tg_gb.push_back(double(st.weight_bytes) / (tg * 1e-3) / 1e9);
   }
+  // Verify cost curve: a forward over [root + N nodes] shaped like a DDTree tree (a chain of 8 with
+  // siblings filling the rest), uncommitted, absorbed MLA with the ancestor mask — what a round pays.
+  std::vector<std::pair<int64_t, double>> curve;
+  if (o.verify_curve) {
+    for (int64_t N : {1, 2, 4, 8, 16, 32, 64}) {
+      const int64_t n = N + 1;
+      std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n)), parent(static_cast<size_t>(n), -1);
+      std::vector<int32_t> depth(static_cast<size_t>(n), 0);
+      for (int64_t i = 1; i < n; ++i) {
+        parent[size_t(i)] = i <= 7 ? int32_t(i - 1) : int32_t((i * 5) % 7);  // a chain, then siblings on it
+        depth[size_t(i)] = depth[size_t(parent[size_t(i)])] + 1;
+        ids[size_t(i)] = int32_t((i * 131 + 11) % c.vocab_size);
+      }
+      std::vector<uint8_t> vis(static_cast<size_t>(n * n), 0);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i * n + a)] = 1;
+        pos[size_t(i)] = int32_t(o.n_prompt + depth[size_t(i)]);
+      }
+      std::vector<float> vlogits(static_cast<size_t>(n * c.vocab_size));
+      std::vector<double> runs;
+      LatentCache cache = model.new_cache(o.n_prompt + n + 1);
+      model.forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data());
+      for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
+        ForwardArgs a;
+        a.ids = ids.data();
+        a.n = n;
+        a.positions = pos.data();
+        a.visibility = vis.data();
+        a.commit = false;
+        a.all_logits = true;
+        a.logits = vlogits.data();
+        const double t0 = now_s();
+        model.forward(cache, a);
+        if (rep > 0) runs.push_back((now_s() - t0) * 1e3);
+      }
+      curve.push_back({N, median(runs)});
+    }
+  }
   const double pp = median(pp_ms), tg = median(tg_ms);
   const double pp_tps = double(o.n_prompt) / pp * 1e3, tg_tps = double(o.n_gen) / tg * 1e3;
   const double pp_gbps = median(pp_gb), tg_gbps = median(tg_gb);
@@ -104,6 +144,11 @@ int cmd_bench(const BenchOptions& o) {
         {"prefill", {{"tokens", o.n_prompt}, {"ms", pp}, {"tokens_per_s", pp_tps}, {"weight_gb_per_s", pp_gbps}}},
         {"decode", {{"tokens", o.n_gen}, {"ms", tg}, {"tokens_per_s", tg_tps}, {"weight_gb_per_s", tg_gbps},
                     {"fraction_of_read_bandwidth", tg_gbps / bw}}}};
+    if (!curve.empty()) {
+      nlohmann::ordered_json jc = nlohmann::ordered_json::array();
+      for (auto [N, ms] : curve) jc.push_back({{"nodes", N}, {"ms", ms}, {"cost_ratio", ms / curve[0].second}});
+      j["verify_curve"] = jc;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -113,6 +158,10 @@ int cmd_bench(const BenchOptions& o) {
               threads, (long long)o.n_prompt, pp_tps, pp_gbps, 100 * pp_gbps / bw);
   std::printf("| %s | %.1f MB | cpu | %d | tg%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6,
               threads, (long long)o.n_gen, tg_tps, tg_gbps, 100 * tg_gbps / bw);
+  if (!curve.empty()) {
+    std::printf("\n| verify nodes N | ms | cost(N)/cost(1) |\n| ---: | ---: | ---: |\n");
+    for (auto [N, ms] : curve) std::printf("| %lld | %.2f | %.2f |\n", (long long)N, ms, ms / curve[0].second);
+  }
   std::printf("\nmeasured read bandwidth: %.2f GB/s (%d threads, median of 9); median of %lld repetitions\n", bw, threads,
               (long long)o.repetitions);
   return 0;

@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "model/make_drafter.h"
 
 namespace kd::cli {
 
@@ -12,7 +13,12 @@ void add_make_model(CLI::App& app, MakeModelOptions& o) {
   auto* c = app.add_subcommand("make-model", "Write a random model (config.json + bf16/INT4 safetensors) in the published format");
   auto* p = c->add_option("--preset", o.preset, "Shape to write:" + presets);
   auto* f = c->add_option("--config", o.config_path, "Follow this config.json instead of a preset");
+  auto* d = c->add_option("--drafter-for", o.drafter_for,
+                          "Write a random DFlash drafter (published DFlashDraftModel format) for this target directory");
   p->excludes(f);
+  d->excludes(p, f);
+  c->add_option("--draft-layers", o.draft_layers, "Drafter layers (with --drafter-for)")->check(CLI::Range(1, 64));
+  c->add_option("--block-size", o.block_size, "Drafter block size (with --drafter-for)")->check(CLI::Range(2, 64));
   c->add_option("-o,--out", o.out_dir, "Output directory")->required();
   c->add_option("-s,--seed", o.seed, "Seed of the random weights (same seed → same bytes)")->check(CLI::NonNegativeNumber);
   c->add_option("--shards", o.shards, "Split into this many .safetensors files with an index")->check(CLI::Range(1, 99999));
@@ -20,8 +26,13 @@ void add_make_model(CLI::App& app, MakeModelOptions& o) {
 }
 
 int cmd_make_model(const MakeModelOptions& o) {
-  if (o.preset.empty() && o.config_path.empty()) fail("make-model needs --preset NAME or --config FILE");
   const double t0 = now_s();
+  if (!o.drafter_for.empty()) {
+    make_drafter(o.drafter_for, o.out_dir, o.seed, o.draft_layers, o.block_size, o.force);
+    log_info("wrote drafter ", o.out_dir, " in ", (now_s() - t0), " s");
+    return 0;
+  }
+  if (o.preset.empty() && o.config_path.empty()) fail("make-model needs --preset NAME, --config FILE or --drafter-for DIR");
   make_model(o);
   log_info("wrote ", o.out_dir, " in ", (now_s() - t0), " s");
   return 0;

@@ -1,6 +1,7 @@
 // `kdtree run`: load a checkpoint, generate from a prompt, print tokens (or one JSON object).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -10,6 +11,9 @@
 #include "io/safetensors.h"
 #include "model/deepseek_v3.h"
 #include "spec/ar.h"
+#include "spec/ddtree.h"
+#include "spec/dflash_drafter.h"
+#include "spec/drafter.h"
 
 namespace kd::cli {
 
@@ -27,9 +31,16 @@ void add_run(CLI::App& app, RunOptions& o) {
   c->add_option("-s,--seed", o.seed, "Sampling seed: the token at position p uses Philox(seed, p), so runs are reproducible")
       ->check(CLI::NonNegativeNumber);
   c->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's EOS ids");
-  c->add_option("--spec", o.spec, "Decoder: ar (plain autoregressive). ddtree / dflash arrive with the DDTree issue");
-  c->add_option("--draft", o.draft, "DFlash drafter directory (for --spec ddtree; not available yet)");
-  c->add_option("--budget", o.budget, "DDTree node budget (for --spec ddtree; not available yet)");
+  c->add_option("--spec", o.spec,
+                 "Decoder: ar (plain autoregressive), ddtree (tree speculation) or dflash (the drafter's top-1 chain)")
+      ->check(CLI::IsMember({"ar", "ddtree", "dflash"}));
+  c->add_option("--draft", o.draft,
+                "Drafter for --spec ddtree/dflash: a DFlash checkpoint directory, or synthetic:PROFILE — a stand-in that "
+                "knows the target's continuation (it runs AR first) and ranks the true token r-th with the given "
+                "probabilities, e.g. synthetic:0.7,0.2 or synthetic:oracle; for measurement only");
+  c->add_option("--budget", o.budget, "DDTree tree nodes per round, root excluded (default: block size − 1)");
+  c->add_option("--block-size", o.block_size, "Block size of a synthetic drafter (DFlash drafters bring their own)")
+      ->check(CLI::Range(2, 64));
   c->add_option("--device", o.device, "cpu (default) or cuda (not in this build)");
   c->add_option("--decode-attn", o.decode_attn, "MLA form for decode steps: absorbed (default, over the latent cache) or expanded")
       ->check(CLI::IsMember({"absorbed", "expanded"}));
@@ -68,12 +79,13 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int cmd_run(const RunOptions& o) {
   if (o.device != "cpu")
     fail("--device ", o.device, ": this build has only the CPU backend (the CUDA backend is a later issue); use --device cpu");
-  if (o.spec != "ar") {
-    if (o.spec == "ddtree" || o.spec == "dflash")
-      fail("--spec ", o.spec, " is not available in this build yet (DDTree arrives with its own issue); use --spec ar");
-    fail("--spec ", o.spec, ": unknown decoder (choose ar)");
-  }
-  if (!o.draft.empty() || o.budget != 0) fail("--draft / --budget only apply to --spec ddtree, which is not available yet");
+  const bool spec = o.spec == "ddtree" || o.spec == "dflash";
+  if (o.spec != "ar" && !spec) fail("--spec ", o.spec, ": unknown decoder (choose ar, ddtree or dflash)");
+  if (spec && o.draft.empty())
+    fail("--spec ", o.spec, " needs --draft DIR (a DFlash drafter) or --draft synthetic:PROFILE (e.g. synthetic:oracle)");
+  if (!spec && !o.draft.empty()) fail("--draft only applies to --spec ddtree or dflash");
+  if (o.budget != 0 && o.spec != "ddtree") fail("--budget only applies to --spec ddtree");
+  if (o.budget < 0) fail("--budget must be at least 1 (got ", o.budget, ")");
   if (!o.prompt.empty() && !o.prompt_ids.empty()) fail("give either --prompt or --prompt-ids, not both");
   if (!o.prompt.empty())
     fail("text prompts need the tokenizer, which is not in this build yet: pass token ids with --prompt-ids");
@@ -92,18 +104,49 @@ int cmd_run(const RunOptions& o) {
   const double t0 = now_s();
   Checkpoint ckpt(o.model);
   DeepseekV3 model(ckpt);
-  const double load_ms = (now_s() - t0) * 1e3;
   g.stop_ids = model.config().eos_token_ids;
+  std::unique_ptr<Drafter> drafter;
+  const std::string kSynthetic = "synthetic:";
+  if (spec && o.draft.rfind(kSynthetic, 0) != 0) {
+    const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
+    drafter = std::make_unique<DFlashAdapter>(o.draft, model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1));
+  }
+  const double load_ms = (now_s() - t0) * 1e3;
   log_info("loaded ", o.model, " (", model.config().model_type, ", ", model.config().num_hidden_layers, " layers) in ",
            load_ms, " ms");
 
-  const bool stream = !o.json && log_level() >= LogLevel::quiet;
-  GenerateResult r = generate_ar(model, prompt, g, [&](int32_t tok) {
+  if (spec && !drafter) {
+    // The synthetic drafter needs the target's own continuation: a plain AR run with the same
+    // settings, first. Its time is not counted in the speculative timings.
+    const std::vector<double> profile = SyntheticDrafter::parse_profile(o.draft.substr(kSynthetic.size()));
+    log_info("synthetic drafter: running AR first to learn the target's continuation …");
+    GenerateOptions ga = g;
+    ga.keep_logits = false;
+    GenerateResult ar = generate_ar(model, prompt, ga);
+    std::vector<int32_t> truth = prompt;
+    truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
+    drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, o.block_size, model.config().vocab_size, o.seed);
+  }
+
+  const bool stream = !o.json;
+  auto on_token = [&](int32_t tok) {
     if (stream) {
       std::printf("%d ", tok);
       std::fflush(stdout);
     }
-  });
+  };
+  GenerateResult r;
+  SpecStats st;
+  if (spec) {
+    SpecOptions so;
+    so.chain = o.spec == "dflash";
+    so.budget = o.budget > 0 ? o.budget : drafter->block_size() - 1;
+    SpecResult sr = generate_ddtree(model, *drafter, prompt, g, so, on_token);
+    r = std::move(sr.gen);
+    st = std::move(sr.stats);
+  } else {
+    r = generate_ar(model, prompt, g, on_token);
+  }
   if (stream) std::printf("\n");
 
   if (!o.dump_logits.empty()) {
@@ -134,8 +177,18 @@ int cmd_run(const RunOptions& o) {
                     {"prefill_tokens_per_s", prefill_tps},
                     {"decode_tokens_per_s", decode_tps},
                     {"decode_weight_gb_per_s", decode_gbps}};
-    j["spec"] = {{"mode", "ar"}, {"rounds", n_dec}, {"target_forwards", r.n_target_forwards},
-                 {"mean_accepted_length", 1.0}, {"budget", nullptr}};
+    if (spec) {
+      j["spec"] = {{"mode", o.spec}, {"drafter", drafter->name()}, {"block_size", drafter->block_size()},
+                   {"rounds", st.rounds}, {"target_forwards", st.target_forwards},
+                   {"mean_accepted_length", st.mean_tau()}, {"tau_histogram", st.tau_histogram},
+                   {"drafted", st.drafted}, {"accepted", st.accepted},
+                   {"budget", o.spec == "ddtree" ? nlohmann::ordered_json(o.budget > 0 ? o.budget : drafter->block_size() - 1)
+                                                 : nlohmann::ordered_json(nullptr)},
+                   {"draft_ms", st.draft_ms}, {"verify_ms", st.verify_ms}};
+    } else {
+      j["spec"] = {{"mode", "ar"}, {"rounds", n_dec}, {"target_forwards", r.n_target_forwards},
+                   {"mean_accepted_length", 1.0}, {"budget", nullptr}};
+    }
     j["sampling"] = {{"temperature", o.temp}, {"top_k", o.top_k}, {"top_p", o.top_p}, {"min_p", o.min_p}, {"seed", o.seed}};
     std::printf("%s\n", j.dump().c_str());
   }
@@ -144,6 +197,16 @@ int cmd_run(const RunOptions& o) {
     std::fprintf(stderr, "prompt eval  = %10.2f ms / %5lld tokens (%8.2f tokens/s)\n", r.prefill_ms, (long long)r.n_prompt, prefill_tps);
     std::fprintf(stderr, "eval time    = %10.2f ms / %5lld tokens (%8.2f tokens/s, %.2f GB/s of weights)\n", r.decode_ms,
                  (long long)n_dec, decode_tps, decode_gbps);
+    if (spec) {
+      std::fprintf(stderr, "decoder      = %s, drafter %s\n", o.spec.c_str(), drafter->name().c_str());
+      std::fprintf(stderr, "rounds       = %lld (%lld target forwards incl. prefill), mean accepted length τ = %.3f\n",
+                   (long long)st.rounds, (long long)st.target_forwards, st.mean_tau());
+      std::fprintf(stderr, "drafted      = %lld nodes, accepted %lld; draft %.1f ms, verify %.1f ms\n", (long long)st.drafted,
+                   (long long)st.accepted, st.draft_ms, st.verify_ms);
+      std::string hist;
+      for (size_t t = 1; t < st.tau_histogram.size(); ++t) hist += cat(t > 1 ? " " : "", "τ", t, ":", st.tau_histogram[t]);
+      std::fprintf(stderr, "τ histogram  = %s\n", hist.c_str());
+    }
     std::fprintf(stderr, "finish       = %s\n", r.finish_reason.c_str());
   }
   return 0;

@@ -13,7 +13,7 @@ namespace kd::cli {
 
 struct RunOptions {
   std::string model, prompt, prompt_ids, spec = "ar", draft, device = "cpu", dump_logits, decode_attn = "absorbed";
-  int64_t n_predict = 32, ctx_size = 0, budget = 0;
+  int64_t n_predict = 32, ctx_size = 0, budget = 0, block_size = 8;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int32_t top_k = 0;
   uint64_t seed = 0;
@@ -36,7 +36,7 @@ int cmd_make_model(const MakeModelOptions& o);
 struct BenchOptions {
   std::string model, device = "cpu";
   int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
-  bool json = false;
+  bool json = false, verify_curve = false;
 };
 void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);

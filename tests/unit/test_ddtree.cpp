@@ -120,3 +120,49 @@ TEST(DDTree, StopsAtEosLikeAR) {
 
 }  // namespace
 }  // namespace kd
+
+#include <filesystem>
+
+#include "model/make_drafter.h"
+#include "spec/dflash_drafter.h"
+
+namespace kd {
+namespace {
+
+// With a real (random-weight) DFlash drafter the drafts are mostly wrong, which exercises the
+// other end: short acceptances, the drafter's context cache fed round after round, taps of the
+// verify pass. The output must still be AR's.
+TEST(DDTree, RandomDFlashDrafterStillEqualsAR) {
+  for (const char* fx : {"k2-bf16", "k25-sharded"}) {
+    const std::string target_dir = std::string(KDTREE_FIXTURES) + "/" + fx;
+    const std::string draft_dir =
+        (std::filesystem::temp_directory_path() / cat("kdtree_test_drafter_", fx, "_", ::getpid())).string();
+    make_drafter(target_dir, draft_dir, 5, 2, 4, true);
+    Checkpoint ck(target_dir);
+    DeepseekV3 m(ck);
+    const auto prompt = prompt_for(m.config());
+    for (float temp : {0.0f, 0.8f}) {
+      GenerateOptions opt;
+      opt.max_new_tokens = 40;
+      opt.ignore_eos = true;
+      opt.sampling.temperature = temp;
+      opt.sampling.seed = 9;
+      const GenerateResult ar = generate_ar(m, prompt, opt);
+      for (bool chain : {false, true}) {
+        DFlashAdapter d(draft_dir, m, 64);
+        SpecOptions so;
+        so.chain = chain;
+        so.budget = 6;
+        const SpecResult s = generate_ddtree(m, d, prompt, opt, so);
+        expect_same(s, ar, cat(fx, " dflash T=", temp, chain ? " chain" : " tree"));
+        // The drafter saw the prompt and every round's accepted tokens except the last round's.
+        EXPECT_GE(d.context_len(), int64_t(prompt.size()));
+        EXPECT_LT(d.context_len(), int64_t(prompt.size() + ar.output_ids.size()));
+      }
+    }
+    std::filesystem::remove_all(draft_dir);
+  }
+}
+
+}  // namespace
+}  // namespace kd

@@ -1,0 +1,121 @@
+// The DFlash block drafter (SPEC-DDTREE.md §1, §5): a few Qwen3-style decoder layers that draft
+// B−1 tokens in one non-causal forward over [bonus, MASK × (B−1)], conditioned on the target's
+// hidden states through per-layer K/V only ("KV injection"). It has no embedding and no LM head:
+// both are the target's. CPU reference: fp32 activations, weights viewed in the checkpoint's mmap.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/weight.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+
+namespace kd {
+
+// config.json of a published DFlash drafter (architectures ["DFlashDraftModel"], model_type qwen3).
+struct DFlashConfig {
+  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope;  // yarn = false: plain RoPE; the YaRN fields as in the target's config
+  // YaRN's cos/sin amplitude. rope_scaling.attention_factor when given; otherwise the legacy
+  // 1 + 0.1·ln(factor), which ignores mscale/mscale_all_dim: Kimi-K2.5-DFlash was trained with it
+  // (vLLM ≤ 0.29 plain YaRN), while transformers' mscale ratio gives 1.0 for its mscale =
+  // mscale_all_dim = 1 and lowers acceptance (SPEC-DDTREE.md §5). 1.0 without YaRN.
+  double rope_attention_factor = 1.0;
+  bool rope_attention_factor_explicit = false;  // attention_factor was in config.json
+  int64_t block_size = 16;                      // B: the bonus token plus B−1 drafted positions
+  int32_t mask_token_id = 0;                    // dflash_config.mask_token_id
+  std::vector<int64_t> target_layer_ids;        // dflash_config.target_layer_ids: 0-based taps
+  int64_t num_target_layers = 0;                // 0 when config.json omits it
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+
+  int64_t n_taps() const { return int64_t(target_layer_ids.size()); }
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  std::vector<float> rope_inv_freq() const;  // [head_dim / 2], fp32 as transformers computes it
+};
+
+// Parses config.json text; `label` names the file in errors. Every field is range-checked and
+// anything this drafter does not implement (sliding-window layers, DFlash2, logit softcapping,
+// embedding or output multipliers ≠ 1, attention bias) is refused by name.
+DFlashConfig parse_dflash_config(const std::string& json_text, const std::string& label);
+
+// The default taps of a drafter with k context features for an N-layer target ([ZL]
+// build_target_layer_ids): round(1 + i·(N−4)/(k−1)) (Python's round), [N/2] for k = 1. Targets too
+// shallow for that formula to give k distinct ascending ids (N < k + 3) get round(i·(N−1)/(k−1))
+// instead. Needs 1 ≤ k ≤ N.
+std::vector<int64_t> default_target_layer_ids(int64_t n_target_layers, int64_t k);
+
+class DFlashDrafter {
+ public:
+  // Loads the drafter checkpoint directory `dir` (config.json + model.safetensors or an index with
+  // shards) and validates it against the target's config: hidden size and vocab equal, every tap
+  // < target num_hidden_layers, block_size ≥ 2, mask_token_id < vocab, every tensor's name,
+  // dtype (BF16/F32/F16) and shape. Each failure is a kd::Error naming the file and field/tensor.
+  // The drafter owns its mmaps. (It takes a directory rather than a Checkpoint because Checkpoint
+  // parses config.json as a DeepSeek-V3 config, which a Qwen3-style drafter config is not.)
+  DFlashDrafter(const std::string& dir, const ModelConfig& target);
+  ~DFlashDrafter();
+  DFlashDrafter(const DFlashDrafter&) = delete;
+  DFlashDrafter& operator=(const DFlashDrafter&) = delete;
+
+  const DFlashConfig& config() const { return cfg_; }
+  const std::string& dir() const { return dir_; }
+  // Bytes of the drafter's own matrices (fc and the layers), for GB/s reports; the shared
+  // embedding and lm_head are the target's.
+  uint64_t weight_bytes() const;
+
+  // The draft KV cache of one sequence (SPEC-DDTREE.md §1 "Drafter KV cache"): only the context
+  // features' K/V, never a block's. Token t sits at position t.
+  struct Context {
+    int64_t len = 0;         // context tokens held
+    int64_t max_tokens = 0;  // capacity limit (grown on demand up to this)
+    std::vector<std::vector<float>> k, v;  // [layers][len × kv_heads·head_dim]; k after k_norm and RoPE
+  };
+  Context new_context(int64_t max_tokens) const;  // max_tokens capped at max_position_embeddings
+
+  // Context features of n target tokens at positions [ctx.len, ctx.len + n):
+  // taps [n, n_taps·hidden] fp32 = the target's residual-stream outputs of layers target_layer_ids,
+  // concatenated in that order. Ht = hidden_norm(fc(taps)); every layer appends
+  // K = RoPE(k_norm(Wk·Ht)) and V = Wv·Ht. Ht never passes input_layernorm, Q, o_proj or the MLP.
+  void append_context(Context& ctx, const float* taps, int64_t n) const;
+
+  // One block forward: block_ids [B] = [bonus, mask × (B−1)] at positions [ctx.len, ctx.len + B),
+  // B = block_size. embed and lm_head are the target's, [vocab, hidden]. Writes
+  // logits [B−1, vocab] fp32 for block positions 1..B−1 (each predicts its own position). Attention
+  // is non-causal: every block query sees all context keys and all B block keys. ctx is unchanged.
+  void draft(const Context& ctx, const int32_t* block_ids, const Weight& embed, const Weight& lm_head,
+             float* logits) const;
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm, ffn_norm;  // input_layernorm, post_attention_layernorm [hidden]
+    std::vector<float> q_norm, k_norm;       // [head_dim], shared by every head
+    Weight q;            // [heads·head_dim, hidden]
+    Weight k, v;         // [kv_heads·head_dim, hidden]
+    Weight o;            // [hidden, heads·head_dim]
+    Weight gate, up;     // [intermediate, hidden]
+    Weight down;         // [hidden, intermediate]
+  };
+  // x [n, kv_dim] in place: k_norm per head, then RoPE at positions first..first+n−1.
+  void norm_rope(const std::vector<float>& norm, float* x, int64_t n, int64_t heads, int64_t first) const;
+
+  std::string dir_;
+  DFlashConfig cfg_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::vector<uint8_t>> owned_;  // aligned copies of tensors the file left misaligned
+  Weight fc_;                        // [hidden, n_taps·hidden]
+  std::vector<float> hidden_norm_;   // [hidden]
+  std::vector<float> final_norm_;    // [hidden]
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;      // [head_dim / 2]
+  float rope_scaling_ = 1.0f;        // cfg_.rope_attention_factor
+  float softmax_scale_ = 1.0f;       // head_dim^-0.5
+};
+
+}  // namespace kd

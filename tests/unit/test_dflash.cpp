@@ -1,0 +1,311 @@
+// The DFlash drafter (SPEC-DDTREE.md §1, §5): logits match python/dflash_reference.py's goldens
+// over two rounds of the context cache, the cache is row-invariant, and a drafter that does not fit
+// its target is refused with an error naming the file and field.
+//
+// Tolerance: max |Δ| / max |ref| ≤ 1e-4 per logits tensor. Both sides run fp32 on the same bf16
+// weights and differ only in summation order: the reference moves by ≤ 5e-7 when rerun in fp64
+// (golden.json "fp64_rerun_rel_diff"). The mistakes this test exists to catch move the logits by
+// 3e-2 (a causal block) to 0.5 (interleaved RoPE), and 0.27 for a YaRN amplitude of 1.0 instead of
+// the legacy 1 + 0.1 ln 64 (golden.json "sensitivity_rel_diff"): 1e-4 sits between the two.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/deepseek_v3.h"
+#include "model/dflash.h"
+#include "model/make_drafter.h"
+
+namespace kd {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string fixture(const std::string& name) { return std::string(KDTREE_FIXTURES) + "/" + name; }
+
+template <class T>
+std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
+  const TensorInfo* t = f.find(name);
+  if (!t) throw std::runtime_error(f.path() + ": no tensor " + name);
+  std::vector<T> out(static_cast<size_t>(t->nbytes() / sizeof(T)));
+  std::memcpy(out.data(), f.data(*t), t->nbytes());
+  return out;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d = std::max(d, double(std::fabs(got[i] - ref[i])));
+    m = std::max(m, double(std::fabs(ref[i])));
+  }
+  return d / m;
+}
+
+// The target the fixtures were made for; its embedding and lm_head feed every drafter.
+const DeepseekV3& target() {
+  static Checkpoint ck(fixture("k2-bf16"));
+  static DeepseekV3 model(ck);
+  return model;
+}
+
+std::vector<float> draft(const DFlashDrafter& d, const DFlashDrafter::Context& ctx, const std::vector<int32_t>& block) {
+  std::vector<float> out(static_cast<size_t>((d.config().block_size - 1) * d.config().vocab_size));
+  d.draft(ctx, block.data(), target().embedding(), target().lm_head(), out.data());
+  return out;
+}
+
+class DFlashParity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DFlashParity, LogitsMatchReferenceAcrossTwoRounds) {
+  const std::string dir = fixture(GetParam());
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  DFlashDrafter d(dir, target().config());
+  const int64_t F = d.config().n_taps() * d.config().hidden_size;
+  DFlashDrafter::Context ctx = d.new_context(4096);
+  for (const char* round : {"1", "2"}) {
+    const auto taps = read<float>(golden, cat("taps", round));
+    const auto block = read<int32_t>(golden, cat("block", round));
+    const auto ref = read<float>(golden, cat("logits", round));
+    ASSERT_EQ(int64_t(block.size()), d.config().block_size);
+    d.append_context(ctx, taps.data(), int64_t(taps.size()) / F);
+    const auto got = draft(d, ctx, block);
+    ASSERT_EQ(got.size(), ref.size());
+    const double e = rel_err(got, ref);
+    std::printf("  %s round %s (context %lld): max|d|/max|ref| = %.2e\n", GetParam(), round, (long long)ctx.len, e);
+    EXPECT_LE(e, 1e-4) << GetParam() << " round " << round;
+  }
+}
+
+TEST_P(DFlashParity, ContextIsRowInvariantAndDraftLeavesItUnchanged) {
+  // Appending the context all at once or token by token gives bit-identical K/V and logits, and a
+  // draft neither changes the context nor depends on an earlier draft.
+  const std::string dir = fixture(GetParam());
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  DFlashDrafter d(dir, target().config());
+  const int64_t F = d.config().n_taps() * d.config().hidden_size;
+  const auto taps = read<float>(golden, "taps1");
+  const auto block = read<int32_t>(golden, "block1");
+  const int64_t n = int64_t(taps.size()) / F;
+  DFlashDrafter::Context whole = d.new_context(n), steps = d.new_context(n);
+  d.append_context(whole, taps.data(), n);
+  for (int64_t i = 0; i < n; ++i) d.append_context(steps, taps.data() + i * F, 1);
+  ASSERT_EQ(whole.len, steps.len);
+  for (size_t l = 0; l < whole.k.size(); ++l) {
+    EXPECT_EQ(whole.k[l], steps.k[l]) << "layer " << l;
+    EXPECT_EQ(whole.v[l], steps.v[l]) << "layer " << l;
+  }
+  const auto first = draft(d, whole, block);
+  EXPECT_EQ(first, draft(d, steps, block));
+  EXPECT_EQ(first, draft(d, whole, block));
+  EXPECT_EQ(whole.len, n);
+  EXPECT_THROW(d.append_context(whole, taps.data(), 1), Error);  // max_tokens = n
+}
+
+TEST_P(DFlashParity, RopeMatchesTransformers) {
+  // At the fixtures' positions (< 210) YaRN's interpolated low frequencies barely move the logits,
+  // so the ramp is checked directly against transformers' Qwen3RotaryEmbedding.
+  const std::string dir = fixture(GetParam());
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  DFlashDrafter d(dir, target().config());
+  const auto want = read<float>(golden, "rope_inv_freq");
+  const auto got = d.config().rope_inv_freq();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << i;
+  EXPECT_NEAR(d.config().rope_attention_factor, read<double>(golden, "rope_attention_factor")[0], 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DFlashParity, ::testing::Values("dflash-rope", "dflash-yarn"));
+
+TEST(DFlash, ConfigFactsFromTheSpec) {
+  const auto yarn = parse_dflash_config(read_text(fixture("dflash-yarn/config.json")), "dflash-yarn");
+  EXPECT_TRUE(yarn.rope.yarn);
+  EXPECT_FALSE(yarn.rope_attention_factor_explicit);
+  EXPECT_NEAR(yarn.rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);  // legacy, SPEC §5
+  EXPECT_EQ(yarn.mask_token_id, 510);
+  EXPECT_EQ(yarn.target_layer_ids, (std::vector<int64_t>{0, 1, 2}));
+  // transformers 5's rope_parameters spelling, with an explicit attention_factor, reads the same.
+  json j = json::parse(read_text(fixture("dflash-yarn/config.json")));
+  json rp = j["rope_scaling"];
+  rp["rope_theta"] = j["rope_theta"];
+  rp["attention_factor"] = 1.25;
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = rp;
+  const auto v5 = parse_dflash_config(j.dump(), "v5");
+  EXPECT_TRUE(v5.rope.yarn && v5.rope_attention_factor_explicit);
+  EXPECT_EQ(v5.rope_attention_factor, 1.25);
+  EXPECT_EQ(v5.rope_theta, 50000.0);
+  EXPECT_EQ(v5.rope_inv_freq(), yarn.rope_inv_freq());
+  // [ZL] build_target_layer_ids: Qwen3-8B (36 layers, 5 taps) and Kimi-K2.5-DFlash (61, 6).
+  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(default_target_layer_ids(61, 6), (std::vector<int64_t>{1, 12, 24, 35, 47, 58}));
+  EXPECT_EQ(default_target_layer_ids(36, 1), (std::vector<int64_t>{18}));
+  EXPECT_EQ(default_target_layer_ids(3, 2), (std::vector<int64_t>{0, 2}));  // too shallow for the formula
+  EXPECT_EQ(default_target_layer_ids(3, 3), (std::vector<int64_t>{0, 1, 2}));
+}
+
+// A copy of a fixture drafter in a temp dir with its config.json edited.
+struct TempDrafter {
+  std::string dir;
+  TempDrafter(const std::string& name, const std::function<void(json&)>& edit) {
+    dir = (fs::temp_directory_path() / cat("kdtree_test_", ::getpid(), "_", name)).string();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy_file(fixture("dflash-yarn/model.safetensors"), dir + "/model.safetensors");
+    std::ifstream in(fixture("dflash-yarn/config.json"));
+    json j = json::parse(in);
+    edit(j);
+    std::ofstream(dir + "/config.json") << j.dump(2);
+  }
+  ~TempDrafter() { fs::remove_all(dir); }
+};
+
+std::string load_error(const std::string& dir, const ModelConfig& t) {
+  try {
+    DFlashDrafter d(dir, t);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(DFlash, RefusesADrafterThatDoesNotFitItsTarget) {
+  const ModelConfig& t = target().config();
+  const std::string good = fixture("dflash-yarn");
+  ASSERT_EQ(load_error(good, t), "(no error)");
+  {
+    ModelConfig wide = t;
+    wide.hidden_size = 128;
+    const std::string e = load_error(good, wide);
+    EXPECT_PRED2(has, e, "dflash-yarn/config.json");
+    EXPECT_PRED2(has, e, "hidden_size = 64 differs from the target's hidden_size = 128");
+  }
+  {
+    ModelConfig big = t;
+    big.vocab_size = 1024;
+    const std::string e = load_error(good, big);
+    EXPECT_PRED2(has, e, "config.json: vocab_size = 512 differs from the target's vocab_size = 1024");
+  }
+  {
+    TempDrafter d("tap", [](json& j) {
+      j.erase("num_target_layers");  // so the check against the target, not the range check, fires
+      j["dflash_config"]["target_layer_ids"] = {0, 1, 3};
+    });
+    const std::string e = load_error(d.dir, t);
+    EXPECT_PRED2(has, e, d.dir + "/config.json: dflash_config.target_layer_ids holds 3, but the target has only 3 layers");
+  }
+  {
+    TempDrafter d("tap_range", [](json& j) { j["dflash_config"]["target_layer_ids"] = {0, 3, 1}; });
+    const std::string e = load_error(d.dir, t);
+    EXPECT_PRED2(has, e, "config.json: dflash_config.target_layer_ids holds 3, not a layer index in [0, 2]");
+  }
+  {
+    TempDrafter d("block", [](json& j) { j["block_size"] = 1; });
+    const std::string e = load_error(d.dir, t);
+    EXPECT_PRED2(has, e, "block_size = 1 must be at least 2");
+  }
+  {
+    TempDrafter d("mask", [](json& j) { j["dflash_config"]["mask_token_id"] = 512; });
+    const std::string e = load_error(d.dir, t);
+    EXPECT_PRED2(has, e, "config.json: field 'mask_token_id' = 512 is out of range [0, 511]");
+  }
+  {
+    TempDrafter d("arch", [](json& j) { j["architectures"] = {"Qwen3ForCausalLM"}; });
+    EXPECT_PRED2(has, load_error(d.dir, t), "architectures is [\"Qwen3ForCausalLM\"], expected [\"DFlashDraftModel\"]");
+  }
+  {
+    TempDrafter d("sliding", [](json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; });
+    EXPECT_PRED2(has, load_error(d.dir, t), "layer_types holds \"sliding_attention\"");
+  }
+  {
+    TempDrafter d("heads", [](json& j) { j["num_key_value_heads"] = 1; });  // k_proj is [64, 64], not [32, 64]
+    EXPECT_PRED2(has, load_error(d.dir, t), "tensor 'layers.0.self_attn.k_proj.weight' has shape [64, 64], expected [32, 64]");
+  }
+  {
+    // A checkpoint without layers.1.mlp.up_proj.weight.
+    TempDrafter d("missing", [](json&) {});
+    SafetensorsFile src(fixture("dflash-yarn/model.safetensors"));
+    SafetensorsWriter w;
+    for (const auto& ti : src.tensors())
+      if (ti.name != "layers.1.mlp.up_proj.weight") w.add_bytes(ti.name, ti.dtype, ti.shape, src.data(ti));
+    w.write(d.dir + "/model.safetensors");
+    const std::string e = load_error(d.dir, t);
+    EXPECT_PRED2(has, e, "missing tensor 'layers.1.mlp.up_proj.weight' (looked in " + d.dir + "/model.safetensors)");
+  }
+}
+
+TEST(DFlash, MisalignedTensorsLoadByCopy) {
+  // One more header byte shifts every tensor to an odd address; the loader must copy them to
+  // aligned memory and draft exactly as from the original file.
+  TempDrafter d("misaligned", [](json&) {});
+  const std::string img = read_text(fixture("dflash-yarn/model.safetensors"));
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(img[size_t(i)])) << (8 * i);
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(((n + 1) >> (8 * i)) & 0xff);
+  out += img.substr(8, n) + " " + img.substr(8 + n);
+  std::ofstream(d.dir + "/model.safetensors", std::ios::binary) << out;
+
+  SafetensorsFile golden(fixture("dflash-yarn/golden.safetensors"));
+  const auto taps = read<float>(golden, "taps1");
+  const auto block = read<int32_t>(golden, "block1");
+  DFlashDrafter a(fixture("dflash-yarn"), target().config()), b(d.dir, target().config());
+  const int64_t T = int64_t(taps.size()) / (a.config().n_taps() * a.config().hidden_size);
+  DFlashDrafter::Context ca = a.new_context(T), cb = b.new_context(T);
+  a.append_context(ca, taps.data(), T);
+  b.append_context(cb, taps.data(), T);
+  EXPECT_EQ(draft(a, ca, block), draft(b, cb, block));
+}
+
+TEST(DFlash, MakeDrafterWritesALoadableDeterministicDrafter) {
+  const std::string a = (fs::temp_directory_path() / cat("kdtree_test_", ::getpid(), "_mkd_a")).string();
+  const std::string b = (fs::temp_directory_path() / cat("kdtree_test_", ::getpid(), "_mkd_b")).string();
+  fs::remove_all(a);
+  fs::remove_all(b);
+  make_drafter(fixture("k2-bf16"), a, 7, 2, 8, false);
+  make_drafter(fixture("k2-bf16"), b, 7, 2, 8, false);
+  EXPECT_EQ(read_text(a + "/model.safetensors"), read_text(b + "/model.safetensors"));
+  EXPECT_EQ(read_text(a + "/config.json"), read_text(b + "/config.json"));
+  EXPECT_THROW(make_drafter(fixture("k2-bf16"), a, 7, 2, 8, false), Error);  // not empty, no force
+
+  DFlashDrafter d(a, target().config());
+  const DFlashConfig& c = d.config();
+  EXPECT_EQ(c.target_layer_ids, (std::vector<int64_t>{0, 2}));  // 3-layer target: evenly spread
+  EXPECT_EQ(c.mask_token_id, 510);
+  EXPECT_EQ(c.block_size, 8);
+  EXPECT_EQ(c.num_key_value_heads * 2, c.num_attention_heads);
+  EXPECT_EQ(c.hidden_size % c.head_dim, 0);
+  EXPECT_TRUE(c.rope.yarn);  // the target's YaRN, with the legacy amplitude
+  EXPECT_NEAR(c.rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);
+  std::vector<float> taps(static_cast<size_t>(5 * c.n_taps() * c.hidden_size));
+  for (size_t i = 0; i < taps.size(); ++i) taps[i] = float(std::sin(double(i)));
+  DFlashDrafter::Context ctx = d.new_context(64);
+  d.append_context(ctx, taps.data(), 5);
+  std::vector<int32_t> block(8, c.mask_token_id);
+  block[0] = 42;
+  for (float x : draft(d, ctx, block)) ASSERT_TRUE(std::isfinite(x));
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+}  // namespace
+}  // namespace kd
