@@ -24,7 +24,8 @@ row() {  # decoder drafter budget
 import json, sys
 j = json.load(sys.stdin); s = j["spec"]; t = j["timings"]
 vr = s.get("verify_ms", 0) / max(1, s["rounds"])
-print(f"| {s[\"mode\"]} | {sys.argv[1]} | {sys.argv[2]} | {s[\"rounds\"]} | {s[\"mean_accepted_length\"]:.2f} | {t[\"decode_tokens_per_s\"]:.1f} | {vr:.1f} |")
+print("| %s | %s | %s | %d | %.2f | %.1f | %.1f |" % (s["mode"], sys.argv[1], sys.argv[2], s["rounds"],
+      s["mean_accepted_length"], t["decode_tokens_per_s"], vr))
 ' "$2" "$3"
 }
 row ar - -

@@ -295,8 +295,10 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, co
       if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
   }
   std::vector<float> attn(static_cast<size_t>(n * H * dv));
-  // Heads are split across threads only when a head's work outweighs a hand-off.
-  const int64_t head_grain = n * S * Lr >= (int64_t(1) << 16) ? 1 : H;
+  // Heads are split across threads only when their work (the head's kv_b rows, then n rows × S
+  // keys over the latent) outweighs a hand-off.
+  const int64_t head_work = H * ((dn + dv) * Lr + n * S * (Lr + dr));
+  const int64_t head_grain = head_work >= (int64_t(1) << 16) ? 1 : H;
   if (form == AttnForm::expanded) {
     // HF's form: k_nope and v of every cached token re-projected through kv_b.
     std::vector<float> ckv(static_cast<size_t>(S * Lr)), kvb(static_cast<size_t>(S * H * (dn + dv)));

@@ -63,8 +63,8 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
   const bool fused = m <= kFusedMaxRows &&
                      (w.int4 ? dot_int4_supported(k, w.group) : (w.dtype == DType::BF16 || w.dtype == DType::F32));
   const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
-  // Split only when each thread gets enough work to outweigh a hand-off (~2^18 multiply-adds).
-  const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 18) / std::max<int64_t>(1, kBlock * k * m));
+  // Split only when each thread gets enough work to outweigh a hand-off (~2^15 multiply-adds, a few µs).
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, kBlock * k * m));
   ThreadPool::global().parallel_for(n_blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t r_begin = b0 * kBlock, r_end = std::min(n_rows, b1 * kBlock);
     if (fused) {
