@@ -217,15 +217,8 @@ std::vector<int64_t> default_target_layer_ids(int64_t n, int64_t k) {
   return out;
 }
 
-DFlashDrafter::~DFlashDrafter() = default;
-
-DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) : dir_(dir) {
-  if (!fs::is_directory(dir)) fail(dir, ": not a directory (expected a DFlash drafter checkpoint directory)");
-  const std::string cpath = dir + "/config.json";
-  cfg_ = parse_dflash_config(read_text(cpath, " (is this a DFlash drafter directory?)"), cpath);
-  const DFlashConfig& c = cfg_;
-
-  // Against the target: the drafter shares its embedding, lm_head and hidden states.
+void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const std::string& cpath) {
+  // The drafter shares the target's embedding, lm_head and hidden states.
   if (c.hidden_size != target.hidden_size)
     fail(cpath, ": hidden_size = ", c.hidden_size, " differs from the target's hidden_size = ", target.hidden_size,
          " (the drafter reads the target's hidden states and embedding)");
@@ -241,6 +234,18 @@ DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) 
   if (c.num_target_layers && c.num_target_layers != target.num_hidden_layers)
     log_info("warning: ", cpath, ": num_target_layers = ", c.num_target_layers, " but the target has ",
              target.num_hidden_layers, " layers: is this the drafter for this target?");
+
+}
+
+DFlashDrafter::~DFlashDrafter() = default;
+
+DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) : dir_(dir) {
+  if (!fs::is_directory(dir)) fail(dir, ": not a directory (expected a DFlash drafter checkpoint directory)");
+  const std::string cpath = dir + "/config.json";
+  cfg_ = parse_dflash_config(read_text(cpath, " (is this a DFlash drafter directory?)"), cpath);
+  const DFlashConfig& c = cfg_;
+
+  check_fits_target(c, target, cpath);
 
   // Tensors: model.safetensors, or the shards an index names (the index is authoritative).
   std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors;

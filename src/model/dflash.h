@@ -51,6 +51,10 @@ DFlashConfig parse_dflash_config(const std::string& json_text, const std::string
 // instead. Needs 1 ≤ k ≤ N.
 std::vector<int64_t> default_target_layer_ids(int64_t n_target_layers, int64_t k);
 
+// Refuses a drafter config that cannot serve `target` (hidden size, vocabulary, mask id, taps),
+// naming `label` (the drafter's config.json) and the field. Reads no weights.
+void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const std::string& label);
+
 class DFlashDrafter {
  public:
   // Loads the drafter checkpoint directory `dir` (config.json + model.safetensors or an index with

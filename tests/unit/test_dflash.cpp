@@ -26,6 +26,7 @@
 #include "model/deepseek_v3.h"
 #include "model/dflash.h"
 #include "model/make_drafter.h"
+#include "model/make_model.h"
 
 namespace kd {
 namespace {
@@ -305,6 +306,49 @@ TEST(DFlash, MakeDrafterWritesALoadableDeterministicDrafter) {
   for (float x : draft(d, ctx, block)) ASSERT_TRUE(std::isfinite(x));
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+}  // namespace
+}  // namespace kd
+
+namespace kd {
+namespace {
+
+// z-lab/Kimi-K2.5-DFlash's published shape (SPEC-DDTREE.md §5) against Kimi K2.5's own config:
+// it must parse, carry the legacy YaRN factor, and fit the target; a wrong hidden size, vocab or
+// tap is refused by name. (No weights: the real drafter is 6.5 GB.)
+TEST(DFlash, KimiK25DrafterShapeFitsTheK2Target) {
+  const ModelConfig k2 = parse_model_config(preset_config_json("k2"), "k2");
+  json j = {{"architectures", {"DFlashDraftModel"}}, {"model_type", "qwen3"},
+            {"auto_map", {{"AutoModel", "dflash.DFlashDraftModel"}}},
+            {"hidden_size", 7168}, {"intermediate_size", 18432}, {"num_hidden_layers", 6},
+            {"num_attention_heads", 64}, {"num_key_value_heads", 8}, {"head_dim", 128},
+            {"rms_norm_eps", 1e-5}, {"rope_theta", 50000.0}, {"max_position_embeddings", 262144},
+            {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 64.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                              {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}}},
+            {"vocab_size", 163840}, {"block_size", 8}, {"num_target_layers", 61},
+            {"dflash_config", {{"mask_token_id", 163838}, {"target_layer_ids", {1, 12, 24, 35, 47, 58}}}},
+            {"attention_bias", false}, {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+  const DFlashConfig c = parse_dflash_config(j.dump(), "Kimi-K2.5-DFlash/config.json");
+  EXPECT_EQ(c.num_hidden_layers, 6);
+  EXPECT_EQ(c.block_size, 8);
+  EXPECT_EQ(c.n_taps(), 6);
+  EXPECT_EQ(c.mask_token_id, 163838);
+  EXPECT_NEAR(c.rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);  // ≈ 1.416
+  EXPECT_NO_THROW(check_fits_target(c, k2, "Kimi-K2.5-DFlash/config.json"));
+  auto refused = [&](const std::function<void(json&)>& edit, const char* expect) {
+    json e = j;
+    edit(e);
+    try {
+      check_fits_target(parse_dflash_config(e.dump(), "cfg.json"), k2, "cfg.json");
+      ADD_FAILURE() << "accepted: " << expect;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(expect), std::string::npos) << err.what();
+    }
+  };
+  refused([](json& e) { e["hidden_size"] = 4096; }, "hidden_size");
+  refused([](json& e) { e["vocab_size"] = 163968; }, "vocab_size");
+  refused([](json& e) { e["dflash_config"]["target_layer_ids"] = {1, 12, 24, 35, 47, 61}; }, "61");
 }
 
 }  // namespace
