@@ -25,9 +25,10 @@ class Drafter {
 
 // A drafter for measurement and tests, clearly not a model: it knows the target's own continuation
 // (`truth`, indexed by absolute position, from an AR run with the same settings) and puts the true
-// token at rank r with probability profile[r] (the remaining mass: not among the top ranks at all).
-// Draft logits are 10 − rank for the ranked tokens (decoys fill the other ranks) and 0 elsewhere.
-// The draw for position p is a pure function of (seed, p). profile = {1} is the oracle.
+// token at rank r with probability profile[r] (non-increasing; the remaining mass: not among the
+// ranked tokens). It is calibrated: its draft distribution gives the rank-r token probability
+// profile[r] and spreads the rest evenly. The draw for position p is a pure function of (seed, p).
+// profile = {1} is the oracle.
 class SyntheticDrafter : public Drafter {
  public:
   SyntheticDrafter(std::vector<int32_t> truth, std::vector<double> profile, int64_t block_size, int64_t vocab,

@@ -36,6 +36,8 @@ std::vector<double> SyntheticDrafter::parse_profile(const std::string& spec) {
     sum += v;
   }
   if (p.empty() || sum > 1 + 1e-9) fail("synthetic drafter profile '", spec, "': rank probabilities must sum to at most 1");
+  for (size_t r = 1; r < p.size(); ++r)
+    if (p[r] > p[r - 1]) fail("synthetic drafter profile '", spec, "': rank probabilities must not increase with rank");
   return p;
 }
 
@@ -46,10 +48,15 @@ std::string SyntheticDrafter::name() const {
 }
 
 void SyntheticDrafter::draft(int32_t, int64_t start, float* logits) {
+  // A calibrated stand-in: the rank-r token carries probability profile[r] and the mass left over is
+  // spread evenly over the other tokens, so the tree builder sees the confidence the profile states.
   const int64_t R = int64_t(profile_.size());
+  double rest = 1.0;
+  for (double p : profile_) rest -= p;
+  const float tail = float(std::log(std::max(rest, 1e-12) / double(vocab_ - R)));
   for (int64_t k = 1; k < block_; ++k) {
     float* row = logits + (k - 1) * vocab_;
-    std::fill(row, row + vocab_, 0.0f);
+    std::fill(row, row + vocab_, tail);
     const int64_t pos = start + k;
     const int32_t truth = pos < int64_t(truth_.size()) ? truth_[size_t(pos)] : -1;
     // Which rank the true token takes at this position: a pure function of (seed, position).
@@ -63,18 +70,21 @@ void SyntheticDrafter::draft(int32_t, int64_t start, float* logits) {
         break;
       }
     }
-    // Decoys: distinct tokens other than the truth, chosen by position.
+    // Decoys (distinct, never the truth) fill the ranks the true token does not take.
     int32_t decoy = int32_t((uint64_t(pos) * 2654435761ull + 17) % uint64_t(vocab_));
-    for (int64_t r = 0; r < R + 1; ++r) {
+    std::vector<int32_t> used;
+    for (int64_t r = 0; r < R; ++r) {
       int32_t tok;
       if (r == rank && truth >= 0) {
         tok = truth;
       } else {
         do decoy = int32_t((decoy + 1) % vocab_);
-        while (decoy == truth || row[decoy] != 0.0f);
+        while (decoy == truth || std::find(used.begin(), used.end(), decoy) != used.end());
         tok = decoy;
       }
-      row[tok] = 10.0f - float(r);
+      used.push_back(tok);
+      // log p_r, nudged down by rank so equal probabilities still rank in profile order.
+      row[tok] = float(std::log(std::max(profile_[size_t(r)], 1e-12))) - 1e-4f * float(r);
     }
   }
 }
