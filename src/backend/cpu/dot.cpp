@@ -70,6 +70,27 @@ float dot_f32(const float* w, const float* x, int64_t n) {
   return finish4(a0, a1, a2, a3, w + i, x, i, n);
 }
 
+void dot_f32_2x2(const float* w0, const float* w1, const float* x0, const float* x1, int64_t n, float* out) {
+  // Four independent dot products sharing their loads: each pair keeps its own four accumulators
+  // and the same FMA order as dot_f32, so every result is bit-identical to dot_f32's.
+  __m512 p00[4], p01[4], p10[4], p11[4];
+  for (int j = 0; j < 4; ++j) p00[j] = p01[j] = p10[j] = p11[j] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < 4; ++j) {
+      const __m512 a = _mm512_loadu_ps(w0 + i + 16 * j), b = _mm512_loadu_ps(w1 + i + 16 * j);
+      const __m512 u = _mm512_loadu_ps(x0 + i + 16 * j), v = _mm512_loadu_ps(x1 + i + 16 * j);
+      p00[j] = _mm512_fmadd_ps(a, u, p00[j]);
+      p01[j] = _mm512_fmadd_ps(a, v, p01[j]);
+      p10[j] = _mm512_fmadd_ps(b, u, p10[j]);
+      p11[j] = _mm512_fmadd_ps(b, v, p11[j]);
+    }
+  out[0] = finish4(p00[0], p00[1], p00[2], p00[3], w0 + i, x0, i, n);
+  out[1] = finish4(p01[0], p01[1], p01[2], p01[3], w0 + i, x1, i, n);
+  out[2] = finish4(p10[0], p10[1], p10[2], p10[3], w1 + i, x0, i, n);
+  out[3] = finish4(p11[0], p11[1], p11[2], p11[3], w1 + i, x1, i, n);
+}
+
 namespace {
 inline __m512 widen_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
@@ -120,6 +141,13 @@ float dot_f32(const float* w, const float* x, int64_t n) {
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] = std::fma(w[i + j], x[i + j], acc[j]);
   return finish(acc, w + i, x, i, n);
+}
+
+void dot_f32_2x2(const float* w0, const float* w1, const float* x0, const float* x1, int64_t n, float* out) {
+  out[0] = dot_f32(w0, x0, n);
+  out[1] = dot_f32(w0, x1, n);
+  out[2] = dot_f32(w1, x0, n);
+  out[3] = dot_f32(w1, x1, n);
 }
 
 float dot_bf16(const uint16_t* w, const float* x, int64_t n) {

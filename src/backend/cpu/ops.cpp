@@ -86,11 +86,27 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
     for (int64_t r0 = r_begin; r0 < r_end; r0 += kBlock) {
       const int64_t r1 = std::min(r_end, r0 + kBlock);
       for (int64_t r = r0; r < r1; ++r) dequant_row(w, r, buf.data() + (r - r0) * k);
-      for (int64_t i = 0; i < m; ++i) {
-        const float* xi = x + i * k;
-        float* yi = y + i * n_rows;
-        for (int64_t r = r0; r < r1; ++r) yi[r] = dot_f32(buf.data() + (r - r0) * k, xi, k);
+      // Pairs of weight rows × pairs of inputs share their loads; leftovers take dot_f32. All paths
+      // give the same bits per (row, input).
+      int64_t i = 0;
+      for (; i + 2 <= m; i += 2) {
+        const float *x0 = x + i * k, *x1 = x0 + k;
+        int64_t r = r0;
+        for (; r + 2 <= r1; r += 2) {
+          float o[4];
+          dot_f32_2x2(buf.data() + (r - r0) * k, buf.data() + (r + 1 - r0) * k, x0, x1, k, o);
+          y[i * n_rows + r] = o[0];
+          y[(i + 1) * n_rows + r] = o[1];
+          y[i * n_rows + r + 1] = o[2];
+          y[(i + 1) * n_rows + r + 1] = o[3];
+        }
+        for (; r < r1; ++r) {
+          y[i * n_rows + r] = dot_f32(buf.data() + (r - r0) * k, x0, k);
+          y[(i + 1) * n_rows + r] = dot_f32(buf.data() + (r - r0) * k, x1, k);
+        }
       }
+      for (; i < m; ++i)
+        for (int64_t r = r0; r < r1; ++r) y[i * n_rows + r] = dot_f32(buf.data() + (r - r0) * k, x + i * k, k);
     }
   });
 }
