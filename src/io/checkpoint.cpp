@@ -1,5 +1,6 @@
 #include "io/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,25 @@ std::string where_str(const TensorRef& t) { return cat(t.file->path(), ": tensor
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (!fs::is_directory(dir)) fail(dir, ": not a directory (expected a HuggingFace checkpoint directory)");
   config_ = load_model_config(dir);
+  // generation_config.json may name more stop ids (K2-Thinking stops at <|im_end|> 163586, not
+  // config.json's [EOS]); a user of the checkpoint expects both honoured.
+  if (const std::string gpath = dir + "/generation_config.json"; fs::exists(gpath)) {
+    std::ifstream f(gpath, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) fail(gpath, ": not a JSON object");
+    if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
+      const nlohmann::json ids = e->is_array() ? *e : nlohmann::json::array({*e});
+      for (const auto& v : ids) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= config_.vocab_size)
+          fail(gpath, ": eos_token_id ", v.dump(), " is not a token id in [0, ", config_.vocab_size, ")");
+        const int32_t id = v.get<int32_t>();
+        if (std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), id) == config_.eos_token_ids.end())
+          config_.eos_token_ids.push_back(id);
+      }
+    }
+  }
 
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::vector<std::string> shard_names;

@@ -79,3 +79,22 @@ def test_drafter_that_does_not_fit_the_target_is_refused(tmp_path, edit, expect)
     r = kdtree("run", "-m", str(TARGET), "--prompt-ids", "1,2,3", "-n", "4", "--spec", "ddtree", "--draft", str(draft))
     assert 0 < r.returncode < 128
     assert expect in r.stderr and "config.json" in r.stderr, r.stderr
+
+
+def test_generation_config_eos_ids_stop_generation_too(tmp_path):
+    """generation_config.json's eos_token_id (K2-Thinking: <|im_end|>) stops AR and DDTree alike."""
+    from conftest import copy_fixture
+    d = copy_fixture("k2-int4", tmp_path / "m")
+    greedy = [int(x) for x in golden("k2-int4")["greedy_ids"]]
+    stop = greedy[10]
+    first = greedy.index(stop)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop], "do_sample": False}))
+    prompt = ",".join(map(str, golden("k2-int4")["prompt_ids"]))
+    for extra in ([], ["--spec", "ddtree", "--draft", "synthetic:0.8", "--budget", "4"]):
+        r = kdtree("run", "-m", str(d), "--prompt-ids", prompt, "-n", "48", "--json", "-q", *extra)
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["finish_reason"] == "stop" and j["output_ids"] == greedy[:first + 1]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 99999}))
+    r = kdtree("run", "-m", str(d), "--prompt-ids", prompt, "-n", "4")
+    assert 0 < r.returncode < 128 and "generation_config.json" in r.stderr
