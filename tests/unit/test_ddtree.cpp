@@ -40,6 +40,11 @@ void expect_same(const SpecResult& s, const GenerateResult& ar, const std::strin
   ASSERT_EQ(s.gen.output_ids.size(), ar.output_ids.size()) << what;
   for (size_t i = 0; i < ar.output_ids.size(); ++i) ASSERT_EQ(s.gen.output_ids[i], ar.output_ids[i]) << what << " token " << i;
   EXPECT_EQ(s.gen.finish_reason, ar.finish_reason) << what;
+  // Row invariance, directly: each token's logits in the verify pass are AR's, bit for bit.
+  if (!ar.logits.empty()) {
+    ASSERT_EQ(s.gen.logits.size(), ar.logits.size()) << what;
+    for (size_t i = 0; i < ar.logits.size(); ++i) ASSERT_EQ(s.gen.logits[i], ar.logits[i]) << what << " logit " << i;
+  }
   // Counting: target forwards = prefill + rounds; every emitted token is an accepted draft or a bonus.
   EXPECT_EQ(s.stats.target_forwards, 1 + s.stats.rounds) << what;
   const int64_t hist = std::accumulate(s.stats.tau_histogram.begin(), s.stats.tau_histogram.end(), int64_t(0));
@@ -61,6 +66,7 @@ TEST_P(DDTreeExact, EqualsARForBudgetsModesAndSeeds) {
     opt.ignore_eos = true;
     opt.sampling.temperature = smp.temp;
     opt.sampling.seed = smp.seed;
+    opt.keep_logits = true;
     const ArRun ar = run_ar(m, prompt, opt);
     struct Case { const char* profile; bool chain; int64_t budget; };
     const Case cases[] = {{"0.6,0.25", false, 1}, {"0.6,0.25", false, 2}, {"0.6,0.25", false, 4}, {"0.6,0.25", false, 16},
