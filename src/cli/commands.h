@@ -2,6 +2,7 @@
 // its options struct. stdout carries results only (one JSON object with --json); logs go to stderr.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,20 @@ struct TreeOptions {
 };
 void add_tree(CLI::App& app, TreeOptions& o);
 int cmd_tree(const TreeOptions& o);
+
+struct TokenizeOptions {
+  std::string model, file;
+  std::optional<std::string> text;  // set (possibly empty) when --text is given
+  bool json = false, decode = false, parse_special = false, jsonl = false, bench = false;
+};
+void add_tokenize(CLI::App& app, TokenizeOptions& o);
+int cmd_tokenize(const TokenizeOptions& o);
+
+struct ChatTemplateOptions {
+  std::string model, messages, tools, thinking, template_name;
+  bool no_generation_prompt = false;
+};
+void add_chat_template(CLI::App& app, ChatTemplateOptions& o);
+int cmd_chat_template(const ChatTemplateOptions& o);
 
 }  // namespace kd::cli

@@ -26,18 +26,22 @@ int main(int argc, char** argv) {
   kd::MakeModelOptions make;
   kd::cli::BenchOptions bench;
   kd::cli::TreeOptions tree;
+  kd::cli::TokenizeOptions tokenize;
+  kd::cli::ChatTemplateOptions chat_template;
   kd::cli::add_run(app, run);
   kd::cli::add_inspect(app, inspect);
   kd::cli::add_make_model(app, make);
   kd::cli::add_bench(app, bench);
   kd::cli::add_tree(app, tree);
+  kd::cli::add_tokenize(app, tokenize);
+  kd::cli::add_chat_template(app, chat_template);
 
   // Name an unknown command instead of CLI11's generic "a subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree; see kdtree --help)\n", argv[1]);
+      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, tokenize, chat-template; see kdtree --help)\n", argv[1]);
       return 2;
     }
   }
@@ -56,6 +60,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("make-model")) return kd::cli::cmd_make_model(make);
     if (app.got_subcommand("bench")) return kd::cli::cmd_bench(bench);
     if (app.got_subcommand("tree")) return kd::cli::cmd_tree(tree);
+    if (app.got_subcommand("tokenize")) return kd::cli::cmd_tokenize(tokenize);
+    if (app.got_subcommand("chat-template")) return kd::cli::cmd_chat_template(chat_template);
   } catch (const kd::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

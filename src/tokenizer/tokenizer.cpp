@@ -1,0 +1,109 @@
+// Decoding shared by every tokenizer (bytes, U+FFFD replacement, streaming) and the loader that
+// picks the tokenizer format a checkpoint directory ships.
+#include "tokenizer/tokenizer.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/tiktoken.h"
+
+namespace kd {
+
+namespace {
+
+constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+
+// Decodes s[0, n) into `out`, each ill-formed subsequence replaced by one U+FFFD using the Unicode
+// "maximal subpart" rule (Python's errors="replace"). With `hold_tail`, a sequence cut short only by
+// the end of `s` is not replaced but left unconsumed. Returns the bytes consumed.
+size_t utf8_decode(std::string_view s, std::string& out, bool hold_tail) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  out.reserve(out.size() + n);
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte (Unicode Table 3-7)
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    else {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    size_t k = 1;  // bytes of the sequence that are valid so far
+    while (k < len && i + k < n) {
+      const unsigned char b = p[i + k];
+      const bool ok = (k == 1) ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+      if (!ok) break;
+      ++k;
+    }
+    if (k == len) {
+      out.append(s.data() + i, len);
+    } else if (i + k == n && hold_tail) {
+      return i;  // a prefix of a valid character, cut by the end: wait for more bytes
+    } else {
+      out += kReplacement;
+    }
+    i += k;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string utf8_sanitize(std::string_view bytes) {
+  std::string out;
+  utf8_decode(bytes, out, false);
+  return out;
+}
+
+std::string Tokenizer::decode_bytes(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const { return utf8_sanitize(decode_bytes(ids)); }
+
+std::string StreamDecoder::push(int32_t id) {
+  pending_ += tok_.token_bytes(id);
+  std::string out;
+  const size_t used = utf8_decode(pending_, out, true);
+  pending_.erase(0, used);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out = utf8_sanitize(pending_);
+  pending_.clear();
+  return out;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path d(dir);
+  std::error_code ec;
+  if (!fs::is_directory(d, ec)) fail(dir, ": not a directory (expected a checkpoint or tokenizer directory)");
+  if (fs::is_regular_file(d / "tiktoken.model", ec)) {
+    const fs::path cfg = d / "tokenizer_config.json";
+    return std::make_unique<TiktokenTokenizer>((d / "tiktoken.model").string(),
+                                               fs::is_regular_file(cfg, ec) ? cfg.string() : std::string());
+  }
+  if (fs::is_regular_file(d / "tokenizer.json", ec)) return load_hf_tokenizer((d / "tokenizer.json").string());
+  fail(dir, ": no tokenizer (expected tiktoken.model + tokenizer_config.json, as Kimi ships, or tokenizer.json)");
+}
+
+}  // namespace kd

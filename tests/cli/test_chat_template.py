@@ -1,0 +1,169 @@
+"""`kdtree chat-template` renders exactly what Python jinja2 renders from the published chat templates.
+
+The templates (tests/fixtures/chat-templates/, sources in its README) are rendered the way
+transformers' apply_chat_template does: a sandboxed environment with trim_blocks, lstrip_blocks and
+loopcontrols, and `tojson` as json.dumps(ensure_ascii=False); Kimi's tokenizer also deep-sorts the
+tools' keys before rendering (tokenization_kimi.py's deep_sort_dict).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+jinja2 = pytest.importorskip("jinja2")
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+
+from conftest import BIN, FIXTURES, REPO  # noqa: E402
+
+TEMPLATES = FIXTURES / "chat-templates"
+
+
+def deep_sort(x):
+    if isinstance(x, dict):
+        return {k: deep_sort(v) for k, v in sorted(x.items())}
+    if isinstance(x, list):
+        return [deep_sort(v) for v in x]
+    return x
+
+
+def jinja_render(name: str, messages, tools, thinking, add_generation_prompt=True) -> str:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    template = env.from_string((TEMPLATES / name).read_text(encoding="utf-8"))
+    kwargs = dict(messages=messages, add_generation_prompt=add_generation_prompt, bos_token="<｜begin▁of▁sentence｜>")
+    if tools:
+        kwargs["tools"] = deep_sort(tools) if name.startswith("kimi") else tools
+    if thinking is not None:
+        kwargs["thinking"] = thinking
+    return template.render(**kwargs)
+
+
+def kdtree_render(kind: str, messages, tools, thinking, tmp_path, add_generation_prompt=True) -> str:
+    mfile = tmp_path / "messages.json"
+    mfile.write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
+    args = [str(BIN), "chat-template", "--template", kind, "--messages", str(mfile)]
+    if tools:
+        tfile = tmp_path / "tools.json"
+        tfile.write_text(json.dumps(tools, ensure_ascii=False), encoding="utf-8")
+        args += ["--tools", str(tfile)]
+    if thinking is not None:
+        args += ["--thinking", "on" if thinking else "off"]
+    if not add_generation_prompt:
+        args.append("--no-generation-prompt")
+    p = subprocess.run(args, capture_output=True, timeout=30, cwd=REPO)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    return p.stdout.decode("utf-8")
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the weather — in °C, for a city (北京 too)",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7.5, "default": 1e-05}}}}},
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+def call(i, name, args):
+    return {"id": f"functions.{name}:{i}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+CONVERSATIONS = {
+    "user_only": [{"role": "user", "content": "Hello!"}],
+    "system_user": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi\r\nthere \t"}],
+    "two_systems": [{"role": "system", "content": "A"}, {"role": "user", "content": "q"},
+                    {"role": "system", "content": "B"}, {"role": "user", "content": "r"}],
+    "multi_turn": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+                   {"role": "user", "content": "and 2+2?"}, {"role": "assistant", "content": "4"},
+                   {"role": "user", "content": "数字と漢字 🙂"}],
+    "named": [{"role": "user", "name": "alice", "content": "hi"}, {"role": "assistant", "content": "hello"},
+              {"role": "user", "content": "bye"}],
+    "reasoning_history": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1", "reasoning_content": "old thoughts"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "<think>x</think>a2", "reasoning_content": "newest thoughts"}],
+    "tool_loop": [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris and Tokyo?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Need both cities.",
+         "tool_calls": [call(0, "get_weather", '{"city": "Paris"}'), call(1, "get_weather", '{"city":"東京"}')]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"temp": 12}'},
+        {"role": "tool", "tool_call_id": "functions.get_weather:1", "content": '{"temp": 20}'}],
+    "tool_loop_done": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [call(0, "get_weather", '{"city": "Oslo"}')]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "rain"},
+        {"role": "assistant", "content": "It rains.", "reasoning_content": "done"},
+        {"role": "user", "content": "And tomorrow?"},
+        {"role": "assistant", "tool_calls": [call(1, "get_weather", '{"city": "Oslo", "days": 2}')],
+         "reasoning_content": "call again"},
+        {"role": "tool", "tool_call_id": "functions.get_weather:1", "content": "sun"}],
+    "content_parts": [{"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}]}],
+}
+
+
+def normalise(messages):
+    """The messages as the template sees them: a missing content is None (OpenAI's null)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        m.setdefault("content", None)
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("thinking", [None, True, False])
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["no_tools", "tools"])
+@pytest.mark.parametrize("conv", list(CONVERSATIONS))
+def test_kimi_matches_jinja(conv, tools, thinking, tmp_path):
+    messages = normalise(CONVERSATIONS[conv])
+    want = jinja_render("kimi-k2.jinja", messages, tools, thinking)
+    got = kdtree_render("kimi", messages, tools, thinking, tmp_path)
+    assert got == want
+
+
+@pytest.mark.parametrize("conv", list(CONVERSATIONS))
+def test_deepseek_v3_matches_jinja(conv, tmp_path):
+    if conv == "content_parts":
+        pytest.skip("DeepSeek-V3's template concatenates content as a string")
+    messages = normalise(CONVERSATIONS[conv])
+    for m in messages:  # the template reads tool['type'] and string content
+        if m["content"] is None and not m.get("tool_calls"):
+            m["content"] = ""
+    want = jinja_render("deepseek-v3.jinja", messages, TOOLS, None)
+    got = kdtree_render("deepseek-v3", messages, TOOLS, None, tmp_path)
+    assert got == want
+
+
+@pytest.mark.parametrize("kind,name", [("kimi", "kimi-k2.jinja"), ("deepseek-v3", "deepseek-v3.jinja")])
+def test_no_generation_prompt(kind, name, tmp_path):
+    messages = normalise(CONVERSATIONS["multi_turn"])
+    want = jinja_render(name, messages, None, None, add_generation_prompt=False)
+    assert kdtree_render(kind, messages, None, None, tmp_path, add_generation_prompt=False) == want
+
+
+def test_kimi_facts_from_the_spec(tmp_path):
+    """SPEC-MODEL.md §4: default system prompt, tool_declare, generation prompt, <think> prefill."""
+    text = kdtree_render("kimi", [{"role": "user", "content": "hi"}], TOOLS[1:], None, tmp_path)
+    assert text.startswith('<|im_system|>tool_declare<|im_middle|>[{"function": {"name": "search"')
+    assert "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>" in text
+    assert text.endswith("<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
+    off = kdtree_render("kimi", [{"role": "user", "content": "hi"}], None, False, tmp_path)
+    assert off.endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
+
+
+def test_bad_messages_name_the_field(tmp_path):
+    mfile = tmp_path / "m.json"
+    for body, expect in [('[{"role": "robot", "content": "x"}]', "messages[0].role"),
+                         ('[{"role": "user", "content": 5}]', "messages[0].content"),
+                         ('[{"role": "user"', "not valid JSON"),
+                         ('[{"role": "assistant", "tool_calls": [{"id": "x"}]}]', "messages[0].tool_calls[0].function")]:
+        mfile.write_text(body)
+        p = subprocess.run([str(BIN), "chat-template", "--template", "kimi", "--messages", str(mfile)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and expect in p.stderr, (body, p.stderr)
