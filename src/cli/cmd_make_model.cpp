@@ -20,6 +20,8 @@ void add_make_model(CLI::App& app, MakeModelOptions& o) {
   c->add_option("--draft-layers", o.draft_layers, "Drafter layers (with --drafter-for)")->check(CLI::Range(1, 64));
   c->add_option("--block-size", o.block_size, "Drafter block size (with --drafter-for)")->check(CLI::Range(2, 64));
   c->add_option("-o,--out", o.out_dir, "Output directory")->required();
+  c->add_option("--tokenizer", o.tokenizer_dir,
+                 "Install this directory's tokenizer (tiktoken.model + tokenizer_config.json, or tokenizer.json) in the model");
   c->add_option("-s,--seed", o.seed, "Seed of the random weights (same seed → same bytes)")->check(CLI::NonNegativeNumber);
   c->add_option("--shards", o.shards, "Split into this many .safetensors files with an index")->check(CLI::Range(1, 99999));
   c->add_flag("--force", o.force, "Overwrite a non-empty output directory");

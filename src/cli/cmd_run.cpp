@@ -1,6 +1,7 @@
 // `kdtree run`: load a checkpoint, generate from a prompt, print tokens (or one JSON object).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,8 @@
 #include "io/safetensors.h"
 #include "model/deepseek_v3.h"
 #include "spec/ar.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 #include "spec/ddtree.h"
 #include "spec/dflash_drafter.h"
 #include "spec/drafter.h"
@@ -20,7 +23,12 @@ namespace kd::cli {
 void add_run(CLI::App& app, RunOptions& o) {
   auto* c = app.add_subcommand("run", "Generate tokens from a prompt");
   c->add_option("-m,--model", o.model, "Checkpoint directory (config.json + *.safetensors)")->required();
-  c->add_option("-p,--prompt", o.prompt, "Prompt text (needs the tokenizer; use --prompt-ids until it lands)");
+  c->add_option("-p,--prompt", o.prompt, "Prompt text, encoded with the checkpoint's tokenizer (no BOS is added)");
+  c->add_option("--chat", o.chat, "A user message, rendered with the model's chat template (Kimi or DeepSeek-V3)");
+  c->add_option("--system", o.system, "System message for --chat (default: the template's own)");
+  c->add_option("--thinking", o.thinking, "Thinking toggle for --chat on thinking models (chat_template_kwargs.thinking)")
+      ->check(CLI::IsMember({"on", "off"}));
+  c->add_flag("--parse-special", o.parse_special, "Let special-token names in -p text become special tokens");
   c->add_option("--prompt-ids", o.prompt_ids, "Prompt as comma-separated token ids, e.g. 163584,1,2");
   c->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (stops earlier at an EOS id)")->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   c->add_option("-c,--ctx-size", o.ctx_size, "Context limit in tokens (0 = the model's max_position_embeddings)")->check(CLI::NonNegativeNumber);
@@ -86,11 +94,33 @@ int cmd_run(const RunOptions& o) {
   if (!spec && !o.draft.empty()) fail("--draft only applies to --spec ddtree or dflash");
   if (o.budget != 0 && o.spec != "ddtree") fail("--budget only applies to --spec ddtree");
   if (o.budget < 0) fail("--budget must be at least 1 (got ", o.budget, ")");
-  if (!o.prompt.empty() && !o.prompt_ids.empty()) fail("give either --prompt or --prompt-ids, not both");
-  if (!o.prompt.empty())
-    fail("text prompts need the tokenizer, which is not in this build yet: pass token ids with --prompt-ids");
-  if (o.prompt_ids.empty()) fail("no prompt: pass --prompt-ids 1,2,3");
-  const std::vector<int32_t> prompt = parse_ids(o.prompt_ids);
+  const int n_prompts = int(!o.prompt.empty()) + int(!o.prompt_ids.empty()) + int(!o.chat.empty());
+  if (n_prompts > 1) fail("give one of --prompt, --chat or --prompt-ids");
+  if (n_prompts == 0) fail("no prompt: pass -p TEXT, --chat MESSAGE or --prompt-ids 1,2,3");
+  if ((!o.system.empty() || !o.thinking.empty()) && o.chat.empty()) fail("--system and --thinking only apply to --chat");
+  // The tokenizer is needed for text in or out; a checkpoint without one still runs on ids.
+  std::unique_ptr<Tokenizer> tok;
+  const bool has_tokenizer = std::filesystem::exists(o.model + "/tiktoken.model") || std::filesystem::exists(o.model + "/tokenizer.json");
+  if (has_tokenizer) tok = load_tokenizer(o.model);
+  if (!tok && o.prompt_ids.empty())
+    fail(o.model, ": no tokenizer (tiktoken.model or tokenizer.json) for a text prompt: pass token ids with --prompt-ids");
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> chat_stops;
+  if (!o.prompt_ids.empty()) {
+    prompt = parse_ids(o.prompt_ids);
+  } else if (!o.prompt.empty()) {
+    prompt = tok->encode(o.prompt, o.parse_special);
+  } else {
+    const ChatTemplateKind kind = tok->kind() == "tiktoken" ? ChatTemplateKind::kimi : ChatTemplateKind::deepseek_v3;
+    std::vector<ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({"system", o.system, "", "", {}, ""});
+    msgs.push_back({"user", o.chat, "", "", {}, ""});
+    ChatOptions co;
+    if (!o.thinking.empty()) co.thinking = o.thinking == "on";
+    prompt = tok->encode(render_chat(kind, msgs, co), /*parse_special=*/true);
+    for (const auto& name : chat_stop_tokens(kind))
+      if (auto id = tok->special_id(name)) chat_stops.push_back(*id);
+  }
 
   GenerateOptions g;
   g.max_new_tokens = o.n_predict;
@@ -105,6 +135,9 @@ int cmd_run(const RunOptions& o) {
   Checkpoint ckpt(o.model);
   DeepseekV3 model(ckpt);
   g.stop_ids = model.config().eos_token_ids;
+  g.stop_ids.insert(g.stop_ids.end(), chat_stops.begin(), chat_stops.end());
+  if (tok && tok->vocab_size() > model.config().vocab_size)
+    fail(o.model, ": the tokenizer has ", tok->vocab_size(), " ids but the model's vocabulary holds ", model.config().vocab_size);
   std::unique_ptr<Drafter> drafter;
   const std::string kSynthetic = "synthetic:";
   if (spec && o.draft.rfind(kSynthetic, 0) != 0) {
@@ -128,12 +161,20 @@ int cmd_run(const RunOptions& o) {
     drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, o.block_size, model.config().vocab_size, o.seed);
   }
 
+  // Streaming: text through a StreamDecoder (partial UTF-8 held back) when there is a tokenizer,
+  // else the ids.
   const bool stream = !o.json;
-  auto on_token = [&](int32_t tok) {
-    if (stream) {
-      std::printf("%d ", tok);
-      std::fflush(stdout);
+  std::unique_ptr<StreamDecoder> sd;
+  if (tok) sd = std::make_unique<StreamDecoder>(*tok);
+  auto on_token = [&](int32_t id) {
+    if (!stream) return;
+    if (sd) {
+      const std::string piece = sd->push(id);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+    } else {
+      std::printf("%d ", id);
     }
+    std::fflush(stdout);
   };
   GenerateResult r;
   SpecStats st;
@@ -147,7 +188,13 @@ int cmd_run(const RunOptions& o) {
   } else {
     r = generate_ar(model, prompt, g, on_token);
   }
-  if (stream) std::printf("\n");
+  if (stream) {
+    if (sd) {
+      const std::string tail = sd->flush();
+      std::fwrite(tail.data(), 1, tail.size(), stdout);
+    }
+    std::printf("\n");
+  }
 
   if (!o.dump_logits.empty()) {
     SafetensorsWriter w;
@@ -167,7 +214,10 @@ int cmd_run(const RunOptions& o) {
     j["model"] = o.model;
     j["prompt_ids"] = prompt;
     j["output_ids"] = r.output_ids;
-    j["text"] = nullptr;  // no tokenizer yet
+    if (tok)
+      j["text"] = tok->decode(r.output_ids);  // invalid UTF-8 becomes U+FFFD
+    else
+      j["text"] = nullptr;  // the checkpoint has no tokenizer
     j["finish_reason"] = r.finish_reason;
     j["timings"] = {{"load_ms", load_ms},
                     {"prefill_ms", r.prefill_ms},

@@ -13,7 +13,9 @@ namespace CLI { class App; }
 namespace kd::cli {
 
 struct RunOptions {
-  std::string model, prompt, prompt_ids, spec = "ar", draft, device = "cpu", dump_logits, decode_attn = "absorbed";
+  std::string model, prompt, prompt_ids, chat, system, thinking, spec = "ar", draft, device = "cpu", dump_logits,
+      decode_attn = "absorbed";
+  bool parse_special = false;
   int64_t n_predict = 32, ctx_size = 0, budget = 0, block_size = 8;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int32_t top_k = 0;

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/random_weights.h"
 #include "model/tensor_plan.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kd {
 
@@ -80,7 +81,7 @@ ojson shrink(ojson c, int64_t vocab, int64_t hidden, int64_t inter, int64_t moe_
 }  // namespace
 
 std::vector<ModelPreset> model_presets() {
-  return {{"tiny", "3 layers, hidden 64, 8 experts top-2, vocab 512, INT4 experts (the demo model, ~0.4 MB)"},
+  return {{"tiny", "3 layers, hidden 64, 8 experts top-2, vocab 4256 (Kimi-style specials from 4000), INT4 experts (the demo model, ~1.4 MB)"},
           {"small", "4 layers, hidden 256, 32 experts top-4, vocab 4096, INT4 experts (~6 MB)"},
           {"medium", "8 layers, hidden 1024, 64 experts top-8, vocab 32768, INT4 experts (~330 MB, the CPU benchmark)"},
           {"k2", "Kimi K2.5's exact text shape (61 layers, 384 experts, 594 GB): for `inspect --preset` only"}};
@@ -88,7 +89,14 @@ std::vector<ModelPreset> model_presets() {
 
 std::string preset_config_json(const std::string& name) {
   ojson c = k2_config();
-  if (name == "tiny") c = shrink(c, 512, 64, 128, 32, 3, 4, 48, 32, 32, 16, 32, 8, 2);
+  if (name == "tiny") {
+    // Vocabulary laid out like Kimi's on a small scale: 4000 BPE ranks, then 256 special slots
+    // ([BOS] = 4000, [EOS] = 4001, …) — the shape of tests/fixtures/tokenizer-kimi-small, which
+    // the demo installs with --tokenizer.
+    c = shrink(c, 4256, 64, 128, 32, 3, 4, 48, 32, 32, 16, 32, 8, 2);
+    c["bos_token_id"] = 4000;
+    c["eos_token_id"] = 4001;
+  }
   else if (name == "small") c = shrink(c, 4096, 256, 768, 128, 4, 8, 128, 64, 32, 16, 32, 32, 4);
   else if (name == "medium") c = shrink(c, 32768, 1024, 2816, 256, 8, 8, 384, 256, 64, 32, 64, 64, 8);
   else if (name != "k2") {
@@ -194,6 +202,20 @@ void make_model(const MakeModelOptions& opt) {
     writers[i].write(opt.out_dir + "/" + shard_name(i), [&](uint64_t n) { progress.add(n); });
   }
   progress.finish();
+  if (!opt.tokenizer_dir.empty()) {
+    // Install a tokenizer beside the weights (a checkpoint directory holds both), after checking
+    // that every id it can produce exists in the model.
+    const auto t = load_tokenizer(opt.tokenizer_dir);
+    if (t->vocab_size() > cfg.vocab_size)
+      fail(opt.tokenizer_dir, ": the tokenizer has ", t->vocab_size(), " ids, more than the model's vocab_size ", cfg.vocab_size);
+    int copied = 0;
+    for (const char* f : {"tiktoken.model", "tokenizer_config.json", "tokenizer.json"})
+      if (fs::exists(opt.tokenizer_dir + "/" + f)) {
+        fs::copy_file(opt.tokenizer_dir + "/" + f, opt.out_dir + "/" + f, fs::copy_options::overwrite_existing);
+        ++copied;
+      }
+    log_debug("copied ", copied, " tokenizer files from ", opt.tokenizer_dir);
+  }
   if (opt.shards > 1) {
     for (size_t i = 0; i < plan.size(); ++i) {
       const PlannedTensor& t = plan[i];

@@ -14,6 +14,7 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   int32_t shards = 1;       // > 1 writes model-0000i-of-0000N.safetensors + model.safetensors.index.json
   bool force = false;       // overwrite a non-empty out_dir
+  std::string tokenizer_dir;  // copy tiktoken.model / tokenizer_config.json / tokenizer.json from here
   // A DFlash drafter for this target directory instead of a target model (make_drafter.h).
   std::string drafter_for;
   int32_t draft_layers = 2, block_size = 8;

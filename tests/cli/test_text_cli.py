@@ -1,0 +1,75 @@
+"""kdtree run with text: -p encodes with the checkpoint's tokenizer, --chat renders the chat
+template first; the references are tiktoken (ids, decode) and jinja2 on Kimi's published template."""
+import json
+import sys
+
+import pytest
+from conftest import FIXTURES, REPO, kdtree
+
+tiktoken = pytest.importorskip("tiktoken")
+from tiktoken.load import load_tiktoken_bpe  # noqa: E402
+
+sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "tests" / "cli"))
+from make_tokenizer import PAT_STR  # noqa: E402
+from test_chat_template import jinja_render  # noqa: E402
+
+TOK = FIXTURES / "tokenizer-kimi-small"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("text") / "tiny"
+    kdtree("make-model", "--preset", "tiny", "--seed", "1", "-o", d, "--tokenizer", TOK, ok=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def enc():
+    ranks = load_tiktoken_bpe(str(TOK / "tiktoken.model"))
+    n = len(ranks)
+    named = json.loads((TOK / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    specials = {named.get(str(i), {}).get("content", f"<|reserved_token_{i}|>"): i for i in range(n, n + 256)}
+    return tiktoken.Encoding("kimi-small", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
+
+
+def test_prompt_text_is_encoded_like_tiktoken_and_output_decoded(model, enc):
+    text = "Speculative decoding, token for token: 42 × 7 = 294 — 你好, 世界! 🙂\r\n"
+    j = kdtree("run", "-m", model, "-p", text, "-n", "24", "--ignore-eos", "--json", ok=True).json()
+    assert j["prompt_ids"] == enc.encode(text, disallowed_special=())
+    assert j["text"] == enc.decode(j["output_ids"], errors="replace")
+    plain = kdtree("run", "-m", model, "-p", text, "-n", "24", "--ignore-eos", "-q", ok=True)
+    assert plain.stdout.rstrip("\n") == j["text"]  # streamed text equals the whole decode
+
+
+def test_special_names_in_prompt_are_text_unless_asked(model, enc):
+    text = "a <|im_end|> b"
+    j = kdtree("run", "-m", model, "-p", text, "-n", "1", "--json", ok=True).json()
+    assert j["prompt_ids"] == enc.encode(text, disallowed_special=())
+    j = kdtree("run", "-m", model, "-p", text, "-n", "1", "--json", "--parse-special", ok=True).json()
+    assert j["prompt_ids"] == enc.encode(text, allowed_special="all")
+
+
+@pytest.mark.parametrize("system,thinking", [(None, None), ("Be brief.", None), (None, "off"), (None, "on")])
+def test_chat_prompt_is_the_rendered_template(model, enc, system, thinking):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "Hi there"}]
+    want = enc.encode(jinja_render("kimi-k2.jinja", msgs, None, None if thinking is None else thinking == "on"),
+                      allowed_special="all")
+    args = ["run", "-m", model, "--chat", "Hi there", "-n", "2", "--json"]
+    if system:
+        args += ["--system", system]
+    if thinking:
+        args += ["--thinking", thinking]
+    assert kdtree(*args, ok=True).json()["prompt_ids"] == want
+
+
+def test_text_needs_a_tokenizer():
+    r = kdtree("run", "-m", FIXTURES / "k2-int4", "-p", "hello", "-n", "2", ok=False)
+    assert "no tokenizer" in r.stderr and "--prompt-ids" in r.stderr
+
+
+def test_ddtree_prints_the_same_text(model):
+    base = ["run", "-m", model, "-p", "Once upon a time", "-n", "32", "--ignore-eos", "--json"]
+    ar = kdtree(*base, ok=True).json()
+    sp = kdtree(*base, "--spec", "ddtree", "--draft", "synthetic:0.7,0.2", "--budget", "6", ok=True).json()
+    assert sp["text"] == ar["text"] and sp["output_ids"] == ar["output_ids"]
