@@ -8,20 +8,27 @@
 
 namespace kd {
 
-GenerateResult generate_ar(const DeepseekV3& model, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
-                           const std::function<void(int32_t)>& on_token) {
-  const ModelConfig& c = model.config();
+GenerationLimits check_generation(const ModelConfig& c, const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
   validate(opt.sampling);
   if (prompt.empty()) fail("the prompt is empty: give at least one token");
   if (opt.max_new_tokens < 0) fail("the number of tokens to generate (", opt.max_new_tokens, ") is negative");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
       fail("prompt token ", prompt[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  const int64_t ctx = opt.context > 0 ? std::min(opt.context, c.max_position_embeddings) : c.max_position_embeddings;
-  const int64_t n_prompt = int64_t(prompt.size());
-  if (n_prompt >= ctx)
-    fail("the prompt has ", n_prompt, " tokens, but the context holds ", ctx, " (leave room for at least one new token)");
-  const int64_t n_max = std::min(opt.max_new_tokens, ctx - n_prompt);
+  GenerationLimits lim;
+  lim.ctx = opt.context > 0 ? std::min(opt.context, c.max_position_embeddings) : c.max_position_embeddings;
+  lim.n_prompt = int64_t(prompt.size());
+  if (lim.n_prompt >= lim.ctx)
+    fail("the prompt has ", lim.n_prompt, " tokens, but the context holds ", lim.ctx, " (leave room for at least one new token)");
+  lim.n_max = std::min(opt.max_new_tokens, lim.ctx - lim.n_prompt);
+  return lim;
+}
+
+GenerateResult generate_ar(const DeepseekV3& model, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                           const std::function<void(int32_t)>& on_token) {
+  const ModelConfig& c = model.config();
+  const GenerationLimits lim = check_generation(c, prompt, opt);
+  const int64_t n_prompt = lim.n_prompt, n_max = lim.n_max;
 
   GenerateResult r;
   r.n_prompt = n_prompt;

@@ -34,6 +34,13 @@ struct GenerateResult {
   uint64_t prefill_weight_bytes = 0, decode_weight_bytes = 0;
 };
 
+// Checks a generation request (sampling parameters, a non-empty prompt of in-vocabulary ids that
+// leaves room in the context) and returns its limits; shared by every decoder.
+struct GenerationLimits {
+  int64_t ctx = 0, n_prompt = 0, n_max = 0;  // context, prompt length, tokens that may be generated
+};
+GenerationLimits check_generation(const ModelConfig& c, const std::vector<int32_t>& prompt, const GenerateOptions& opt);
+
 // Validates the prompt (non-empty, ids in the vocabulary, fits the context) and generates.
 // on_token(id) is called as each token is committed (for streaming); may be empty.
 GenerateResult generate_ar(const DeepseekV3& model, const std::vector<int32_t>& prompt, const GenerateOptions& opt,

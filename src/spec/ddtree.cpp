@@ -13,18 +13,9 @@ SpecResult generate_ddtree(const DeepseekV3& model, Drafter& drafter, const std:
                            const GenerateOptions& opt, const SpecOptions& spec,
                            const std::function<void(int32_t)>& on_token) {
   const ModelConfig& c = model.config();
-  validate(opt.sampling);
   if (!spec.chain && spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
-  if (prompt.empty()) fail("the prompt is empty: give at least one token");
-  if (opt.max_new_tokens < 0) fail("the number of tokens to generate (", opt.max_new_tokens, ") is negative");
-  for (size_t i = 0; i < prompt.size(); ++i)
-    if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
-      fail("prompt token ", prompt[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  const int64_t ctx = opt.context > 0 ? std::min(opt.context, c.max_position_embeddings) : c.max_position_embeddings;
-  const int64_t n_prompt = int64_t(prompt.size());
-  if (n_prompt >= ctx)
-    fail("the prompt has ", n_prompt, " tokens, but the context holds ", ctx, " (leave room for at least one new token)");
-  const int64_t n_max = std::min(opt.max_new_tokens, ctx - n_prompt);
+  const GenerationLimits lim = check_generation(c, prompt, opt);
+  const int64_t ctx = lim.ctx, n_prompt = lim.n_prompt, n_max = lim.n_max;
   const int64_t B = drafter.block_size(), V = c.vocab_size;
   if (drafter.context_len() != 0) fail("the drafter already holds context: use a fresh drafter per generation");
 

@@ -3,6 +3,7 @@
 // pieces so a megabyte of spaces stays O(n log n). Ids must equal tiktoken's for every valid string.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/tiktoken.h"
+#include "tokenizer/utf8.h"
 
 #include <pcre2.h>
 
@@ -235,15 +236,8 @@ size_t first_invalid_utf8(std::string_view s) {
       continue;
     }
     size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
-    else return i;
+    unsigned char lo, hi;
+    if (!utf8_lead(c, &len, &lo, &hi)) return i;
     if (i + len > n) return i;
     if (p[i + 1] < lo || p[i + 1] > hi) return i;
     for (size_t k = 2; k < len; ++k)

@@ -1,6 +1,7 @@
 // Decoding shared by every tokenizer (bytes, U+FFFD replacement, streaming) and the loader that
 // picks the tokenizer format a checkpoint directory ships.
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 #include <filesystem>
 
@@ -30,15 +31,8 @@ size_t utf8_decode(std::string_view s, std::string& out, bool hold_tail) {
       continue;
     }
     size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte (Unicode Table 3-7)
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
-    else {
+    unsigned char lo, hi;  // allowed range of the second byte
+    if (!utf8_lead(c, &len, &lo, &hi)) {
       out += kReplacement;
       ++i;
       continue;
