@@ -1,18 +1,16 @@
 """kdtree run with text: -p encodes with the checkpoint's tokenizer, --chat renders the chat
 template first; the references are tiktoken (ids, decode) and jinja2 on Kimi's published template."""
-import json
 import sys
 
 import pytest
 from conftest import FIXTURES, REPO, kdtree
 
 tiktoken = pytest.importorskip("tiktoken")
-from tiktoken.load import load_tiktoken_bpe  # noqa: E402
 
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "cli"))
-from make_tokenizer import PAT_STR  # noqa: E402
 from test_chat_template import jinja_render  # noqa: E402
+from test_tokenizer_tiktoken import enc  # noqa: E402,F401  (the tiktoken reference, a pytest fixture)
 
 TOK = FIXTURES / "tokenizer-kimi-small"
 
@@ -22,15 +20,6 @@ def model(tmp_path_factory):
     d = tmp_path_factory.mktemp("text") / "tiny"
     kdtree("make-model", "--preset", "tiny", "--seed", "1", "-o", d, "--tokenizer", TOK, ok=True)
     return d
-
-
-@pytest.fixture(scope="module")
-def enc():
-    ranks = load_tiktoken_bpe(str(TOK / "tiktoken.model"))
-    n = len(ranks)
-    named = json.loads((TOK / "tokenizer_config.json").read_text())["added_tokens_decoder"]
-    specials = {named.get(str(i), {}).get("content", f"<|reserved_token_{i}|>"): i for i in range(n, n + 256)}
-    return tiktoken.Encoding("kimi-small", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
 
 
 def test_prompt_text_is_encoded_like_tiktoken_and_output_decoded(model, enc):
