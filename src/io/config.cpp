@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json_fields.h"
 
 namespace kd {
 
@@ -14,55 +15,9 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Reader {
-  const json& j;
-  std::string label;
-
-  const json* get(const char* key) const {
-    auto it = j.find(key);
-    return (it == j.end() || it->is_null()) ? nullptr : &*it;
-  }
-  int64_t integer(const char* key, int64_t lo, int64_t hi, const int64_t* def = nullptr) const {
-    const json* v = get(key);
-    if (!v) {
-      if (def) return *def;
-      fail(label, ": missing required field '", key, "'");
-    }
-    if (!v->is_number_integer()) fail(label, ": field '", key, "' must be an integer, found ", v->dump());
-    int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) fail(label, ": field '", key, "' = ", x, " is out of range [", lo, ", ", hi, "]");
-    return x;
-  }
-  int64_t integer_or(const char* key, int64_t lo, int64_t hi, int64_t def) const { return integer(key, lo, hi, &def); }
-  double number(const char* key, double lo, double hi, const double* def = nullptr) const {
-    const json* v = get(key);
-    if (!v) {
-      if (def) return *def;
-      fail(label, ": missing required field '", key, "'");
-    }
-    if (!v->is_number()) fail(label, ": field '", key, "' must be a number, found ", v->dump());
-    double x = v->get<double>();
-    if (!(x >= lo && x <= hi)) fail(label, ": field '", key, "' = ", x, " is out of range [", lo, ", ", hi, "]");
-    return x;
-  }
-  double number_or(const char* key, double lo, double hi, double def) const { return number(key, lo, hi, &def); }
-  std::string string_or(const char* key, const std::string& def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    if (!v->is_string()) fail(label, ": field '", key, "' must be a string, found ", v->dump());
-    return v->get<std::string>();
-  }
-  bool boolean_or(const char* key, bool def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    if (!v->is_boolean()) fail(label, ": field '", key, "' must be true or false, found ", v->dump());
-    return v->get<bool>();
-  }
-};
-
 QuantConfig parse_quant(const json& q, const std::string& label) {
   QuantConfig out;
-  Reader r{q, label + ": quantization_config"};
+  JsonFields r{q, label + ": quantization_config"};
   std::string method = r.string_or("quant_method", "");
   if (method == "fp8")
     fail(label, ": FP8 checkpoints (quant_method \"fp8\", e.g. Kimi-K2-Instruct) are not supported; use an INT4 "
@@ -85,7 +40,7 @@ QuantConfig parse_quant(const json& q, const std::string& label) {
   if (ia != g.end() && !ia->is_null()) fail(gl, ".input_activations must be null (only weight-only W4A16 is supported)");
   auto w = g.find("weights");
   if (w == g.end() || !w->is_object()) fail(gl, ".weights is missing");
-  Reader wr{*w, gl + ".weights"};
+  JsonFields wr{*w, gl + ".weights"};
   out.num_bits = int32_t(wr.integer("num_bits", 1, 64));
   if (out.num_bits != 4) fail(gl, ".weights.num_bits = ", out.num_bits, " is not supported (only 4)");
   if (wr.string_or("type", "") != "int") fail(gl, ".weights.type must be \"int\"");
@@ -177,7 +132,7 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
   if (root.is_discarded()) fail(label, ": not valid JSON");
   if (!root.is_object()) fail(label, ": top level is not a JSON object");
   ModelConfig c;
-  c.model_type = Reader{root, label}.string_or("model_type", "");
+  c.model_type = JsonFields{root, label}.string_or("model_type", "");
   if (auto a = root.find("architectures"); a != root.end() && a->is_array() && !a->empty() && (*a)[0].is_string())
     c.architecture = (*a)[0].get<std::string>();
 
@@ -192,7 +147,7 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
     c.lm_head_name = "language_model.lm_head.weight";
   }
   const std::string tl = text == &root ? label : label + ": text_config";
-  Reader r{*text, tl};
+  JsonFields r{*text, tl};
 
   const int64_t kBig = int64_t(1) << 24;
   c.vocab_size = r.integer("vocab_size", 1, int64_t(1) << 22);
@@ -210,22 +165,22 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
   c.v_head_dim = r.integer("v_head_dim", 1, 1 << 14);
   c.n_routed_experts = r.integer("n_routed_experts", 1, 1 << 16);
   c.num_experts_per_tok = r.integer("num_experts_per_tok", 1, c.n_routed_experts);
-  c.n_shared_experts = r.integer_or("n_shared_experts", 0, 64, 0);
+  c.n_shared_experts = r.integer("n_shared_experts", 0, 64, 0);
   c.moe_intermediate_size = r.integer("moe_intermediate_size", 1, kBig);
-  c.first_k_dense_replace = r.integer_or("first_k_dense_replace", 0, c.num_hidden_layers, 0);
-  if (r.integer_or("moe_layer_freq", 1, 1024, 1) != 1) fail(tl, ": moe_layer_freq ≠ 1 is not supported");
-  c.n_group = r.integer_or("n_group", 1, c.n_routed_experts, 1);
+  c.first_k_dense_replace = r.integer("first_k_dense_replace", 0, c.num_hidden_layers, 0);
+  if (r.integer("moe_layer_freq", 1, 1024, 1) != 1) fail(tl, ": moe_layer_freq ≠ 1 is not supported");
+  c.n_group = r.integer("n_group", 1, c.n_routed_experts, 1);
   if (c.n_routed_experts % c.n_group)
     fail(tl, ": n_routed_experts = ", c.n_routed_experts, " is not divisible by n_group = ", c.n_group);
-  c.topk_group = r.integer_or("topk_group", 1, c.n_group, 1);
+  c.topk_group = r.integer("topk_group", 1, c.n_group, 1);
   if (c.n_group > 1 && c.n_routed_experts / c.n_group < 2)
     fail(tl, ": group-limited routing needs at least 2 experts per group (it sums each group's top 2)");
   if (c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group))
     fail(tl, ": num_experts_per_tok = ", c.num_experts_per_tok, " exceeds the experts in topk_group = ", c.topk_group, " groups");
-  c.routed_scaling_factor = r.number_or("routed_scaling_factor", 0.0, 1e6, 1.0);
+  c.routed_scaling_factor = r.number("routed_scaling_factor", 0.0, 1e6, 1.0);
   c.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
-  c.rms_norm_eps = r.number_or("rms_norm_eps", 0.0, 1.0, 1e-6);
-  c.rope_theta = r.number_or("rope_theta", 1.0 + 1e-6, 1e12, 10000.0);  // ln θ divides the YaRN ramp
+  c.rms_norm_eps = r.number("rms_norm_eps", 0.0, 1.0, 1e-6);
+  c.rope_theta = r.number("rope_theta", 1.0 + 1e-6, 1e12, 10000.0);  // ln θ divides the YaRN ramp
   c.max_position_embeddings = r.integer("max_position_embeddings", 1, int64_t(1) << 30);
   if (std::string s = r.string_or("scoring_func", "sigmoid"); s != "sigmoid")
     fail(tl, ": scoring_func \"", s, "\" is not supported (only \"sigmoid\", as in DeepSeek-V3 and Kimi K2)");
@@ -234,20 +189,20 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
   if (std::string s = r.string_or("hidden_act", "silu"); s != "silu") fail(tl, ": hidden_act \"", s, "\" is not supported (only silu)");
   if (r.boolean_or("attention_bias", false)) fail(tl, ": attention_bias = true is not supported");
   if (r.boolean_or("tie_word_embeddings", false)) fail(tl, ": tie_word_embeddings = true is not supported");
-  if (int64_t kv = r.integer_or("num_key_value_heads", 1, 4096, c.num_attention_heads); kv != c.num_attention_heads)
+  if (int64_t kv = r.integer("num_key_value_heads", 1, 4096, c.num_attention_heads); kv != c.num_attention_heads)
     fail(tl, ": num_key_value_heads = ", kv, " must equal num_attention_heads = ", c.num_attention_heads, " (MLA)");
 
   if (const json* rs = r.get("rope_scaling")) {
     if (!rs->is_object()) fail(tl, ": rope_scaling must be an object or null");
-    Reader y{*rs, tl + ": rope_scaling"};
+    JsonFields y{*rs, tl + ": rope_scaling"};
     std::string type = y.string_or("type", y.string_or("rope_type", ""));
     if (type == "yarn" || type == "deepseek_yarn") {
       c.rope.yarn = true;
       c.rope.factor = y.number("factor", 1.0, 1e6);
-      c.rope.beta_fast = y.number_or("beta_fast", 1e-6, 1e6, 32.0);
-      c.rope.beta_slow = y.number_or("beta_slow", 1e-6, 1e6, 1.0);
-      c.rope.mscale = y.number_or("mscale", 0.0, 1e3, 1.0);
-      c.rope.mscale_all_dim = y.number_or("mscale_all_dim", 0.0, 1e3, 0.0);
+      c.rope.beta_fast = y.number("beta_fast", 1e-6, 1e6, 32.0);
+      c.rope.beta_slow = y.number("beta_slow", 1e-6, 1e6, 1.0);
+      c.rope.mscale = y.number("mscale", 0.0, 1e3, 1.0);
+      c.rope.mscale_all_dim = y.number("mscale_all_dim", 0.0, 1e3, 0.0);
       c.rope.original_max_position_embeddings = y.integer("original_max_position_embeddings", 1, int64_t(1) << 30);
       if (y.get("attention_factor")) fail(tl, ": rope_scaling.attention_factor is not supported");
     } else if (type != "default" && !type.empty()) {
@@ -255,7 +210,7 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
     }
   }
 
-  c.bos_token_id = int32_t(r.integer_or("bos_token_id", -1, c.vocab_size - 1, -1));
+  c.bos_token_id = int32_t(r.integer("bos_token_id", -1, c.vocab_size - 1, -1));
   if (const json* e = r.get("eos_token_id")) {
     auto add = [&](const json& v) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.vocab_size)

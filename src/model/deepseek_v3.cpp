@@ -254,7 +254,7 @@ void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, Forwa
 }
 
 void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, const ForwardArgs& a,
-                           const int32_t* positions, float* out) const {
+                           const int32_t* positions, const std::vector<std::vector<int32_t>>& keys, float* out) const {
   const int64_t n = a.n;
   const AttnForm form = a.form;
   ForwardStats* st = a.stats;
@@ -283,17 +283,6 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, co
   if (st) st->weight_bytes += w.q_a.bytes() + w.q_b.bytes() + w.kv_a.bytes() + w.kv_b.bytes() + w.o.bytes();
 
   const int64_t S = start + n;  // cache rows any new row may see
-  // Keys row i attends to, in cache order: every committed row, then the new rows it may see
-  // (causal, or its tree ancestors and itself). The order is the AR order of the same prefix, so a
-  // verified node reproduces its AR step bit for bit.
-  std::vector<std::vector<int32_t>> keys(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    auto& k = keys[size_t(i)];
-    k.reserve(size_t(start + i + 1));
-    for (int64_t s = 0; s < start; ++s) k.push_back(int32_t(s));
-    for (int64_t j = 0; j < n; ++j)
-      if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
-  }
   std::vector<float> attn(static_cast<size_t>(n * H * dv));
   // Heads are split across threads only when their work (the head's kv_b rows, then n rows × S
   // keys over the latent) outweighs a hand-off.
@@ -394,13 +383,24 @@ void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const {
   }
   const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
   cache.reserve(start + n);
+  // Keys row i attends to, in cache order: every committed row, then the new rows it may see
+  // (causal, or its tree ancestors and itself). The order is the AR order of the same prefix, so a
+  // verified node reproduces its AR step bit for bit. The same for every layer.
+  std::vector<std::vector<int32_t>> keys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    auto& k = keys[size_t(i)];
+    k.reserve(size_t(start + i + 1));
+    for (int64_t s = 0; s < start; ++s) k.push_back(int32_t(s));
+    for (int64_t j = 0; j < n; ++j)
+      if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
+  }
 
   std::vector<float> x(size_t(n * hid)), xn(size_t(n * hid)), y(size_t(n * hid));
   cpu::embed(embed_, a.ids, n, x.data());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];
     cpu::rmsnorm(x.data(), w.attn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
-    attention(l, cache, xn.data(), a, positions.data(), y.data());
+    attention(l, cache, xn.data(), a, positions.data(), keys, y.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     cpu::rmsnorm(x.data(), w.ffn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
     ffn(l, xn.data(), n, y.data(), a.stats);

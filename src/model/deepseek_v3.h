@@ -85,7 +85,7 @@ class DeepseekV3 {
 
  private:
   void attention(int64_t layer, LatentCache& cache, const float* x, const ForwardArgs& a, const int32_t* positions,
-                 float* out) const;
+                 const std::vector<std::vector<int32_t>>& keys, float* out) const;
   void ffn(int64_t layer, const float* x, int64_t n, float* out, ForwardStats* st) const;
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out, ForwardStats* st) const;
 

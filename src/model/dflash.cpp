@@ -13,6 +13,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "io/json_fields.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 
@@ -23,57 +24,12 @@ using json = nlohmann::json;
 
 namespace {
 
-// Type- and range-checked field access; `j` falls back to `alt` (z-lab reads dflash_config first,
-// then the top level, for block_size / mask_token_id / target_layer_ids).
-struct Reader {
-  const json& j;
-  std::string label;
-  const json* alt = nullptr;
-
-  const json* get(const char* key) const {
-    auto it = j.find(key);
-    if (it != j.end() && !it->is_null()) return &*it;
-    if (alt) {
-      auto a = alt->find(key);
-      if (a != alt->end() && !a->is_null()) return &*a;
-    }
-    return nullptr;
-  }
-  int64_t integer(const char* key, int64_t lo, int64_t hi, std::optional<int64_t> def = {}) const {
-    const json* v = get(key);
-    if (!v) {
-      if (def) return *def;
-      fail(label, ": missing required field '", key, "'");
-    }
-    if (!v->is_number_integer()) fail(label, ": field '", key, "' must be an integer, found ", v->dump());
-    const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) fail(label, ": field '", key, "' = ", x, " is out of range [", lo, ", ", hi, "]");
-    return x;
-  }
-  double number(const char* key, double lo, double hi, std::optional<double> def = {}) const {
-    const json* v = get(key);
-    if (!v) {
-      if (def) return *def;
-      fail(label, ": missing required field '", key, "'");
-    }
-    if (!v->is_number()) fail(label, ": field '", key, "' must be a number, found ", v->dump());
-    const double x = v->get<double>();
-    if (!(x >= lo && x <= hi)) fail(label, ": field '", key, "' = ", x, " is out of range [", lo, ", ", hi, "]");
-    return x;
-  }
-  std::string string_or(const char* key, const std::string& def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    if (!v->is_string()) fail(label, ": field '", key, "' must be a string, found ", v->dump());
-    return v->get<std::string>();
-  }
-};
 
 DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) fail(label, ": not valid JSON");
   if (!root.is_object()) fail(label, ": top level is not a JSON object");
-  Reader r{root, label};
+  JsonFields r{root, label};
   {
     const json* a = r.get("architectures");
     if (!a || !a->is_array() || a->empty() || (*a)[0] != "DFlashDraftModel")
@@ -106,7 +62,7 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   const char* rope_key = r.get("rope_scaling") ? "rope_scaling" : "rope_parameters";
   if (const json* rs = r.get(rope_key)) {
     if (!rs->is_object()) fail(label, ": ", rope_key, " must be an object or null");
-    Reader y{*rs, cat(label, ": ", rope_key)};
+    JsonFields y{*rs, cat(label, ": ", rope_key)};
     if (!r.get("rope_theta")) c.rope_theta = y.number("rope_theta", 1.0 + 1e-6, 1e12, c.rope_theta);
     const std::string type = y.string_or("rope_type", y.string_or("type", ""));
     if (type == "yarn") {
@@ -140,7 +96,7 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   const json* dc = r.get("dflash_config");
   if (dc && !dc->is_object()) fail(label, ": dflash_config is not an object");
   const json empty = json::object();
-  Reader d{dc ? *dc : empty, label, &root};
+  JsonFields d{dc ? *dc : empty, label, &root};
   for (const char* key : {"input_embedding_scale", "output_multiplier"})
     if (d.get(key) && d.number(key, -1e9, 1e9) != 1.0) fail(label, ": ", key, " ≠ 1 is not supported");
   if (d.get("final_logit_softcapping") && d.number("final_logit_softcapping", -1e9, 1e9) > 0)

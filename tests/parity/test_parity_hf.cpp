@@ -16,6 +16,7 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 #include "model/deepseek_v3.h"
 #include "spec/ar.h"
 
@@ -26,14 +27,7 @@ const char* kFixtures[] = {"k2-bf16", "dsv3-group", "k2-int4", "k25-sharded"};
 
 std::string fixture_dir(const std::string& name) { return std::string(KDTREE_FIXTURES) + "/" + name; }
 
-template <class T>
-std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) throw std::runtime_error(f.path() + ": no tensor " + name);
-  std::vector<T> out(static_cast<size_t>(t->nbytes() / sizeof(T)));
-  std::memcpy(out.data(), f.data(*t), t->nbytes());
-  return out;
-}
+using test::read_tensor;
 
 double rel_err(const float* got, const float* ref, size_t n) {
   double d = 0, m = 0;
@@ -53,12 +47,12 @@ TEST_P(ParityHF, TeacherForcedLogits) {
   DeepseekV3 model(ck);
   const int64_t V = model.config().vocab_size;
   for (const char* which : {"logits", "full_logits"}) {
-    std::vector<int32_t> ids = read<int32_t>(golden, "prompt_ids");
+    std::vector<int32_t> ids = read_tensor<int32_t>(golden, "prompt_ids");
     if (std::string(which) == "full_logits") {
-      auto g = read<int32_t>(golden, "greedy_ids");
+      auto g = read_tensor<int32_t>(golden, "greedy_ids");
       ids.insert(ids.end(), g.begin(), g.end());
     }
-    const auto ref = read<float>(golden, which);
+    const auto ref = read_tensor<float>(golden, which);
     ASSERT_EQ(ref.size(), ids.size() * size_t(V));
     LatentCache cache = model.new_cache(int64_t(ids.size()));
     std::vector<float> got(ref.size());
@@ -75,10 +69,10 @@ TEST_P(ParityHF, GreedyContinuationIsIdentical) {
   Checkpoint ck(dir);
   DeepseekV3 model(ck);
   const int64_t V = model.config().vocab_size;
-  const auto prompt = read<int32_t>(golden, "prompt_ids");
-  const auto want = read<int32_t>(golden, "greedy_ids");
-  const auto want_logits = read<float>(golden, "greedy_logits");
-  const auto margin = read<float>(golden, "greedy_margin");
+  const auto prompt = read_tensor<int32_t>(golden, "prompt_ids");
+  const auto want = read_tensor<int32_t>(golden, "greedy_ids");
+  const auto want_logits = read_tensor<float>(golden, "greedy_logits");
+  const auto margin = read_tensor<float>(golden, "greedy_margin");
   for (AttnForm form : {AttnForm::absorbed, AttnForm::expanded}) {
     GenerateOptions opt;
     opt.max_new_tokens = int64_t(want.size());

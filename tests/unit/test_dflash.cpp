@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 #include "model/deepseek_v3.h"
 #include "model/dflash.h"
 #include "model/make_drafter.h"
@@ -36,14 +37,7 @@ using json = nlohmann::json;
 
 std::string fixture(const std::string& name) { return std::string(KDTREE_FIXTURES) + "/" + name; }
 
-template <class T>
-std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) throw std::runtime_error(f.path() + ": no tensor " + name);
-  std::vector<T> out(static_cast<size_t>(t->nbytes() / sizeof(T)));
-  std::memcpy(out.data(), f.data(*t), t->nbytes());
-  return out;
-}
+using test::read_tensor;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -83,9 +77,9 @@ TEST_P(DFlashParity, LogitsMatchReferenceAcrossTwoRounds) {
   const int64_t F = d.config().n_taps() * d.config().hidden_size;
   DFlashDrafter::Context ctx = d.new_context(4096);
   for (const char* round : {"1", "2"}) {
-    const auto taps = read<float>(golden, cat("taps", round));
-    const auto block = read<int32_t>(golden, cat("block", round));
-    const auto ref = read<float>(golden, cat("logits", round));
+    const auto taps = read_tensor<float>(golden, cat("taps", round));
+    const auto block = read_tensor<int32_t>(golden, cat("block", round));
+    const auto ref = read_tensor<float>(golden, cat("logits", round));
     ASSERT_EQ(int64_t(block.size()), d.config().block_size);
     d.append_context(ctx, taps.data(), int64_t(taps.size()) / F);
     const auto got = draft(d, ctx, block);
@@ -103,8 +97,8 @@ TEST_P(DFlashParity, ContextIsRowInvariantAndDraftLeavesItUnchanged) {
   SafetensorsFile golden(dir + "/golden.safetensors");
   DFlashDrafter d(dir, target().config());
   const int64_t F = d.config().n_taps() * d.config().hidden_size;
-  const auto taps = read<float>(golden, "taps1");
-  const auto block = read<int32_t>(golden, "block1");
+  const auto taps = read_tensor<float>(golden, "taps1");
+  const auto block = read_tensor<int32_t>(golden, "block1");
   const int64_t n = int64_t(taps.size()) / F;
   DFlashDrafter::Context whole = d.new_context(n), steps = d.new_context(n);
   d.append_context(whole, taps.data(), n);
@@ -127,11 +121,11 @@ TEST_P(DFlashParity, RopeMatchesTransformers) {
   const std::string dir = fixture(GetParam());
   SafetensorsFile golden(dir + "/golden.safetensors");
   DFlashDrafter d(dir, target().config());
-  const auto want = read<float>(golden, "rope_inv_freq");
+  const auto want = read_tensor<float>(golden, "rope_inv_freq");
   const auto got = d.config().rope_inv_freq();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << i;
-  EXPECT_NEAR(d.config().rope_attention_factor, read<double>(golden, "rope_attention_factor")[0], 1e-12);
+  EXPECT_NEAR(d.config().rope_attention_factor, read_tensor<double>(golden, "rope_attention_factor")[0], 1e-12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DFlashParity, ::testing::Values("dflash-rope", "dflash-yarn"));
@@ -267,8 +261,8 @@ TEST(DFlash, MisalignedTensorsLoadByCopy) {
   std::ofstream(d.dir + "/model.safetensors", std::ios::binary) << out;
 
   SafetensorsFile golden(fixture("dflash-yarn/golden.safetensors"));
-  const auto taps = read<float>(golden, "taps1");
-  const auto block = read<int32_t>(golden, "block1");
+  const auto taps = read_tensor<float>(golden, "taps1");
+  const auto block = read_tensor<int32_t>(golden, "block1");
   DFlashDrafter a(fixture("dflash-yarn"), target().config()), b(d.dir, target().config());
   const int64_t T = int64_t(taps.size()) / (a.config().n_taps() * a.config().hidden_size);
   DFlashDrafter::Context ca = a.new_context(T), cb = b.new_context(T);

@@ -10,18 +10,12 @@
 #include "backend/cpu/ops.h"
 #include "core/int4.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace kd {
 namespace {
 
-template <class T>
-std::vector<T> read(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) throw std::runtime_error("int4_vectors: no tensor " + name);
-  std::vector<T> out(static_cast<size_t>(t->nbytes() / sizeof(T)));
-  std::memcpy(out.data(), f.data(*t), t->nbytes());
-  return out;
-}
+using test::read_tensor;
 
 class Int4Vectors : public ::testing::TestWithParam<std::pair<const char*, int>> {};
 
@@ -29,10 +23,10 @@ TEST_P(Int4Vectors, PackAndUnpackMatchCompressedTensors) {
   const auto [suffix, group] = GetParam();
   SafetensorsFile f(std::string(KDTREE_FIXTURES) + "/int4_vectors.safetensors");
   const std::string s = suffix;
-  const auto q = read<int8_t>(f, "q" + s);
-  const auto scale = read<uint16_t>(f, (s.empty() ? "scale" : "scale" + s));
-  const auto packed = read<uint32_t>(f, s.empty() ? "packed_ct" : "packed" + s);
-  const auto dequant = read<float>(f, "dequant" + s);
+  const auto q = read_tensor<int8_t>(f, "q" + s);
+  const auto scale = read_tensor<uint16_t>(f, (s.empty() ? "scale" : "scale" + s));
+  const auto packed = read_tensor<uint32_t>(f, s.empty() ? "packed_ct" : "packed" + s);
+  const auto dequant = read_tensor<float>(f, "dequant" + s);
   const int64_t N = 48, K = 96;
   ASSERT_EQ(q.size(), size_t(N * K));
   ASSERT_EQ(packed.size(), size_t(N * K / 8));
@@ -61,9 +55,9 @@ INSTANTIATE_TEST_SUITE_P(GroupSizes, Int4Vectors,
 
 TEST(Int4, QuantiserMatchesCompressedTensorsOnTheSameWeights) {
   SafetensorsFile f(std::string(KDTREE_FIXTURES) + "/int4_vectors.safetensors");
-  const auto w = read<float>(f, "weight");
-  const auto q_ref = read<int8_t>(f, "q");
-  const auto scale_ref = read<uint16_t>(f, "scale");
+  const auto w = read_tensor<float>(f, "weight");
+  const auto q_ref = read_tensor<int8_t>(f, "q");
+  const auto scale_ref = read_tensor<uint16_t>(f, "scale");
   std::vector<int8_t> q(96);
   std::vector<uint16_t> sc(3);
   for (int64_t r = 0; r < 48; ++r) {
