@@ -1,0 +1,122 @@
+// The serving engine (DESIGN.md §3 src/engine/): many concurrent requests on one target model.
+// One engine thread runs `step()` in a loop — schedule (admit waiting requests, pick prefill
+// chunks and decode rows) → run (one batched target forward over every running sequence's rows;
+// with a drafter, every sequence's tree in one verify pass with block-diagonal ancestor masks) →
+// post-process (sample, accept, commit, emit events). The latent KV lives in a paged pool of
+// fixed-size blocks; full blocks of a prompt are kept in a prefix cache (LRU) and shared by later
+// requests with the same prefix. Row invariance (DESIGN.md §2) makes a request's output independent
+// of its batch and of prefix-cache hits: same seed → same tokens as `kdtree run`.
+//
+// This header is the contract between the engine and the HTTP server (src/server/): the server
+// talks to the engine only through submit / cancel / metrics and the per-request event callback.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "model/deepseek_v3.h"
+#include "spec/ar.h"
+#include "spec/ddtree.h"
+#include "spec/drafter.h"
+
+namespace kd {
+
+struct EngineOptions {
+  int64_t n_parallel = 4;       // sequences running at once (`serve --parallel`)
+  int64_t context = 0;          // per-sequence context limit in tokens; 0 → max_position_embeddings
+  int64_t kv_tokens = 0;        // latent KV pool size in tokens; 0 → n_parallel × context
+  int64_t kv_block = 16;        // tokens per KV block: paging and prefix-cache granularity
+  int64_t prefill_chunk = 256;  // prompt tokens per sequence per step (chunked prefill)
+  int64_t max_queue = 64;       // waiting requests beyond which submit() throws EngineFull
+  bool prefix_cache = true;
+  // Speculative decoding: one drafter per running sequence (drafters keep per-sequence context).
+  // Empty → plain autoregressive decoding.
+  std::function<std::unique_ptr<Drafter>()> make_drafter;
+  SpecOptions spec;
+};
+
+// Log-probabilities (natural log, of the target's distribution after temperature, as OpenAI
+// reports them) of a committed token and, when asked, of the top alternatives.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // [top_logprobs] (id, logprob), most likely first
+};
+
+struct RequestStats {
+  int64_t n_prompt = 0;         // tokens the model saw (prompt_tokens in usage)
+  int64_t n_cached = 0;         // prompt tokens served from the prefix cache
+  int64_t n_generated = 0;
+  double queue_ms = 0;          // submit → admitted
+  double prefill_ms = 0;        // admitted → first token committed
+  double decode_ms = 0;         // first token → done
+  int64_t rounds = 0, drafted = 0, accepted = 0;  // speculative decoding (0 for AR)
+};
+
+struct EngineEvent {
+  std::vector<int32_t> ids;            // tokens committed since the last event (a DDTree round commits several)
+  std::vector<TokenLogprob> logprobs;  // parallel to ids when the request asked for logprobs
+  bool done = false;
+  std::string finish_reason;           // when done: "stop" | "length" | "cancelled" | "error"
+  std::string error;                   // when finish_reason == "error"
+  RequestStats stats;                  // complete when done
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;
+  // max_new_tokens, sampling (with its seed), ignore_eos, stop_ids, context. seq_id must stay 0
+  // (or the caller's choice) — never the engine's request id — so that a request's samples do not
+  // depend on what else is running.
+  GenerateOptions gen;
+  int32_t top_logprobs = -1;  // -1: no logprobs; 0…20: the chosen token's logprob and k alternatives
+  // Called on the engine thread whenever tokens are committed and exactly once with done = true.
+  // Must be quick and must not call back into the engine. Return false to cancel (client gone, a stop
+  // string matched): the sequence and its KV blocks are freed before the next step, and a final
+  // event with finish_reason "cancelled" follows.
+  std::function<bool(const EngineEvent&)> on_event;
+};
+
+struct EngineMetrics {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  uint64_t requests_finished = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0;
+  uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;  // hit rate = hit / query
+  uint64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;
+  uint64_t steps = 0;
+};
+
+// submit() when the waiting queue already holds max_queue requests (the server answers 503 with
+// Retry-After).
+class EngineFull : public Error {
+ public:
+  using Error::Error;
+};
+
+class Engine {
+ public:
+  // Starts the engine thread. The model (and anything make_drafter captures) must outlive the engine.
+  Engine(const DeepseekV3& model, EngineOptions opt);
+  ~Engine();  // cancels every request (each gets its final event) and joins the thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Validates the request (check_generation: ids in range, prompt + 1 fits the context,
+  // sampling params) and throws kd::Error with a message naming the problem; throws EngineFull when
+  // the queue is full. Returns the request's id. Requests that do not fit the free KV wait.
+  uint64_t submit(EngineRequest req);
+  void cancel(uint64_t id);  // thread-safe; unknown or finished ids are ignored
+  EngineMetrics metrics() const;
+  const ModelConfig& config() const;
+  const EngineOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kd
