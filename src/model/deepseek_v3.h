@@ -70,6 +70,8 @@ class DeepseekV3 {
   const Weight& embedding() const { return embed_; }  // [vocab, hidden]; the DFlash drafter shares it
   const Weight& lm_head() const { return lm_head_; }  // [vocab, hidden]; the drafter shares it too
   const std::vector<float>& final_norm() const { return final_norm_; }
+  // Every layer's weights as views into the checkpoint (other backends upload from these).
+  const std::vector<LayerWeights>& layers() const { return layers_; }
   LatentCache new_cache(int64_t max_tokens) const;
 
   // Runs tokens ids[0..n) at positions cache.size() … cache.size()+n−1 (causal), appends their
