@@ -20,11 +20,14 @@ namespace kd::cli {
 
 void add_bench(CLI::App& app, BenchOptions& o) {
   auto* c = app.add_subcommand("bench", "Measure prefill and decode speed against the memory-bandwidth ceiling");
-  c->add_option("-m,--model", o.model, "Checkpoint directory")->required();
+  c->add_option("-m,--model", o.model, "Checkpoint directory");
+  c->add_option("--preset", o.preset,
+                "k2-slice: Kimi K2's exact shapes with 12 layers (1 dense + 11 MoE), INT4 experts, random weights made on "
+                "the GPU (--device cuda)");
   c->add_option("-p,--n-prompt", o.n_prompt, "Prompt tokens for the prefill test")->check(CLI::Range(1, 1 << 20));
   c->add_option("-n,--n-gen", o.n_gen, "Tokens for the decode test")->check(CLI::Range(1, 1 << 20));
   c->add_option("-r,--repetitions", o.repetitions, "Repetitions; the median is reported")->check(CLI::Range(1, 1000));
-  c->add_option("--device", o.device, "cpu (cuda arrives with the CUDA backend issue)");
+  c->add_option("--device", o.device, "cpu (default) or cuda (GPU 0; prints the verify cost curve too)");
   c->add_flag("--json", o.json, "Print one JSON object");
   c->add_flag("--verify-curve", o.verify_curve,
               "Also time one DDTree verify forward over N tree nodes, N = 1, 2, 4 … 64, after the prompt: cost(N)/cost(1)");
@@ -63,7 +66,10 @@ double measure_read_bandwidth() {
 }  // namespace
 
 int cmd_bench(const BenchOptions& o) {
-  if (o.device != "cpu") fail("--device ", o.device, ": this build has only the CPU backend; use --device cpu");
+  if (o.device == "cuda") return cmd_bench_cuda(o);
+  if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
+  if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
+  if (o.model.empty()) fail("bench needs -m DIR (or --device cuda --preset k2-slice)");
   Checkpoint ckpt(o.model);
   DeepseekV3 model(ckpt);
   const ModelConfig& c = model.config();

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,9 @@
 #include "spec/ddtree.h"
 #include "spec/dflash_drafter.h"
 #include "spec/drafter.h"
+#ifdef KDTREE_HAVE_CUDA
+#include "backend/cuda/cuda_generate.h"
+#endif
 
 namespace kd::cli {
 
@@ -49,7 +53,7 @@ void add_run(CLI::App& app, RunOptions& o) {
   c->add_option("--budget", o.budget, "DDTree tree nodes per round, root excluded (default: block size − 1)");
   c->add_option("--block-size", o.block_size, "Block size of a synthetic drafter (DFlash drafters bring their own)")
       ->check(CLI::Range(2, 64));
-  c->add_option("--device", o.device, "cpu (default) or cuda (not in this build)");
+  c->add_option("--device", o.device, "cpu (default) or cuda (the target on GPU 0; drafters stay on the CPU)");
   c->add_option("--decode-attn", o.decode_attn, "MLA form for decode steps: absorbed (default, over the latent cache) or expanded")
       ->check(CLI::IsMember({"absorbed", "expanded"}));
   c->add_flag("--json", o.json, "Print exactly one JSON object on stdout (ids, finish reason, timings)");
@@ -85,8 +89,16 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }  // namespace
 
 int cmd_run(const RunOptions& o) {
-  if (o.device != "cpu")
-    fail("--device ", o.device, ": this build has only the CPU backend (the CUDA backend is a later issue); use --device cpu");
+  const bool cuda = o.device == "cuda";
+  if (o.device != "cpu" && !cuda) fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
+#ifndef KDTREE_HAVE_CUDA
+  if (cuda) fail("--device cuda: this build has no CUDA backend (configure with -DKDTREE_CUDA=ON where nvcc is installed)");
+#endif
+#ifdef KDTREE_HAVE_CUDA
+  if (cuda && !cuda_device_available()) fail("--device cuda: ", cuda_device_name());
+#endif
+  if (cuda && o.decode_attn == "expanded")
+    fail("--decode-attn expanded: the CUDA backend runs the absorbed MLA form only (the same function); drop the flag");
   const bool spec = o.spec == "ddtree" || o.spec == "dflash";
   if (o.spec != "ar" && !spec) fail("--spec ", o.spec, ": unknown decoder (choose ar, ddtree or dflash)");
   if (spec && o.draft.empty())
@@ -144,6 +156,21 @@ int cmd_run(const RunOptions& o) {
     const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
     drafter = std::make_unique<DFlashAdapter>(o.draft, model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1));
   }
+#ifdef KDTREE_HAVE_CUDA
+  // The GPU target: weights uploaded once; its cache holds the prompt, the generation and one tree.
+  std::unique_ptr<CudaTarget> gpu;
+  if (cuda) {
+    const int64_t tree = spec ? (o.spec == "ddtree" && o.budget > 0 ? o.budget : (drafter ? drafter->block_size() : o.block_size)) : 0;
+    const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
+    gpu = std::make_unique<CudaTarget>(model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + tree + 2));
+    log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
+  }
+  auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) {
+    return gpu ? generate_ar_cuda(*gpu, prompt, go, cb) : generate_ar(model, prompt, go, cb);
+  };
+#else
+  auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) { return generate_ar(model, prompt, go, cb); };
+#endif
   const double load_ms = (now_s() - t0) * 1e3;
   log_info("loaded ", o.model, " (", model.config().model_type, ", ", model.config().num_hidden_layers, " layers) in ",
            load_ms, " ms");
@@ -155,7 +182,7 @@ int cmd_run(const RunOptions& o) {
     log_info("synthetic drafter: running AR first to learn the target's continuation …");
     GenerateOptions ga = g;
     ga.keep_logits = false;
-    GenerateResult ar = generate_ar(model, prompt, ga);
+    GenerateResult ar = run_ar(ga, {});
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
     drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, o.block_size, model.config().vocab_size, o.seed);
@@ -182,11 +209,16 @@ int cmd_run(const RunOptions& o) {
     SpecOptions so;
     so.chain = o.spec == "dflash";
     so.budget = o.budget > 0 ? o.budget : drafter->block_size() - 1;
+#ifdef KDTREE_HAVE_CUDA
+    SpecResult sr = gpu ? generate_ddtree_cuda(*gpu, *drafter, prompt, g, so, on_token)
+                        : generate_ddtree(model, *drafter, prompt, g, so, on_token);
+#else
     SpecResult sr = generate_ddtree(model, *drafter, prompt, g, so, on_token);
+#endif
     r = std::move(sr.gen);
     st = std::move(sr.stats);
   } else {
-    r = generate_ar(model, prompt, g, on_token);
+    r = run_ar(g, on_token);
   }
   if (stream) {
     if (sd) {

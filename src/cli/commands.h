@@ -37,12 +37,13 @@ void add_make_model(CLI::App& app, MakeModelOptions& o);
 int cmd_make_model(const MakeModelOptions& o);
 
 struct BenchOptions {
-  std::string model, device = "cpu";
+  std::string model, device = "cpu", preset;  // preset: k2-slice (random weights made on the GPU; --device cuda)
   int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
   bool json = false, verify_curve = false;
 };
 void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);
+int cmd_bench_cuda(const BenchOptions& o);  // cmd_bench_cuda.cpp (CUDA builds)
 
 struct TreeOptions {
   std::string logits;

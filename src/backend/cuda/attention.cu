@@ -1,0 +1,124 @@
+// Absorbed MLA attention over the bf16 latent cache, for decode, tree verify and prefill alike
+// (SPEC-MODEL.md §2, the decode form of vLLM/FlashMLA). One block per (new row, head):
+//   q_lat = W_UKᵀ q_nope                                  [Lr]    (kv_b rows of the head, bf16)
+//   s_t   = (q_lat · c_kv[t] + q_pe · k_pe[t]) · scale     over the row's key list
+//   p     = softmax(s);  o_lat = Σ_t p_t c_kv[t]           [Lr]
+//   out   = W_UV o_lat                                    [dv]
+// The key list of row i is the committed rows 0 … start−1 followed by the new rows it may see (its
+// tree ancestors and itself, ascending): exactly the list of the AR step for the same prefix, and
+// every reduction is ordered by position in that list — so a verified node reproduces its AR step
+// bit for bit whatever the tree around it (no public Hopper MLA kernel takes a tree mask).
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace kd::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kMaxSmem = 227 * 1024;  // Hopper's per-block opt-in limit
+
+// Shared: q_lat [Lr] | q_pe [dr] | o_lat [Lr] | reduction [32] | p [len].
+__global__ void __launch_bounds__(kThreads) mla_kernel(MlaParams p) {
+  extern __shared__ float sm[];
+  const int64_t i = blockIdx.x, h = blockIdx.y, Lr = p.Lr, dr = p.dr, dn = p.dn, dv = p.dv, D = Lr + dr;
+  float* qlat = sm;
+  float* qpe = qlat + Lr;
+  float* olat = qpe + dr;
+  float* red = olat + Lr;
+  float* prob = red + 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = kThreads / 32;
+  const float* qi = p.q + (i * p.H + h) * (dn + dr);
+  const uint16_t* wh = p.kv_b + h * (dn + dv) * Lr;  // [dn + dv, Lr]
+
+  for (int64_t l = tid; l < Lr; l += kThreads) {
+    float acc = 0.0f;
+    for (int64_t d = 0; d < dn; ++d) acc = fmaf(qi[d], bf16_f(wh[d * Lr + l]), acc);
+    qlat[l] = acc;
+  }
+  for (int64_t d = tid; d < dr; d += kThreads) qpe[d] = qi[dn + d];
+  __syncthreads();
+
+  const int64_t start = p.start, len = start + p.vis_cnt[i];
+  const int32_t* vis = p.vis_rows + i * p.n;
+  auto key_row = [&](int64_t t) { return t < start ? t : start + vis[t - start]; };
+
+  // Scores: one warp per key, lanes over bf16 pairs of the 576-wide latent.
+  for (int64_t t = warp; t < len; t += nw) {
+    const uint32_t* k2 = reinterpret_cast<const uint32_t*>(p.cache + key_row(t) * D);
+    float a = 0.0f, b = 0.0f;
+    for (int64_t q = lane; q < Lr / 2; q += 32) {
+      const uint32_t v = k2[q];
+      a = fmaf(qlat[2 * q], bf16_lo(v), a);
+      a = fmaf(qlat[2 * q + 1], bf16_hi(v), a);
+    }
+    for (int64_t q = lane; q < dr / 2; q += 32) {
+      const uint32_t v = k2[Lr / 2 + q];
+      b = fmaf(qpe[2 * q], bf16_lo(v), b);
+      b = fmaf(qpe[2 * q + 1], bf16_hi(v), b);
+    }
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (lane == 0) prob[t] = __fmul_rn(__fadd_rn(a, b), p.softmax_scale);
+  }
+  __syncthreads();
+  float mx = -__int_as_float(0x7f800000);
+  for (int64_t t = tid; t < len; t += kThreads) mx = fmaxf(mx, prob[t]);
+  mx = block_max(mx, red);
+  float sum = 0.0f;
+  for (int64_t t = tid; t < len; t += kThreads) {
+    const float e = expf(prob[t] - mx);
+    prob[t] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, red);
+  for (int64_t t = tid; t < len; t += kThreads) prob[t] = __fdiv_rn(prob[t], sum);
+  __syncthreads();
+
+  // o_lat: one thread per latent value, keys in list order (coalesced across threads).
+  for (int64_t l = tid; l < Lr; l += kThreads) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < len; ++t) acc = fmaf(prob[t], bf16_f(p.cache[key_row(t) * D + l]), acc);
+    olat[l] = acc;
+  }
+  __syncthreads();
+
+  // out = W_UV o_lat: one warp per output value.
+  for (int64_t d = warp; d < dv; d += nw) {
+    const uint32_t* w2 = reinterpret_cast<const uint32_t*>(wh + (dn + d) * Lr);
+    float acc = 0.0f;
+    for (int64_t q = lane; q < Lr / 2; q += 32) {
+      const uint32_t v = w2[q];
+      acc = fmaf(bf16_lo(v), olat[2 * q], acc);
+      acc = fmaf(bf16_hi(v), olat[2 * q + 1], acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) p.out[(i * p.H + h) * dv + d] = acc;
+  }
+}
+
+size_t smem_bytes(int64_t Lr, int64_t dr, int64_t len) { return size_t(2 * Lr + dr + 32 + len) * sizeof(float); }
+
+}  // namespace
+
+int64_t mla_max_keys(int64_t Lr, int64_t dr) { return int64_t(kMaxSmem / sizeof(float)) - (2 * Lr + dr + 32); }
+
+void mla_attention(const MlaParams& p, cudaStream_t s) {
+  if (p.Lr % 2 || p.dr % 2) fail("CUDA MLA: kv_lora_rank (", p.Lr, ") and qk_rope_head_dim (", p.dr, ") must be even");
+  const int64_t len_max = p.start + p.n;
+  if (len_max > mla_max_keys(p.Lr, p.dr))
+    fail("CUDA MLA: ", len_max, " keys exceed this kernel's limit of ", mla_max_keys(p.Lr, p.dr), " (shared-memory scores)");
+  static bool raised = false;  // the opt-in above 48 KB is a per-function attribute, set once
+  if (!raised) {
+    check(cudaFuncSetAttribute(mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
+          "cudaFuncSetAttribute(mla_kernel)");
+    raised = true;
+  }
+  mla_kernel<<<dim3(unsigned(p.n), unsigned(p.H)), kThreads, smem_bytes(p.Lr, p.dr, len_max), s>>>(p);
+  check_launch("mla_attention");
+}
+
+}  // namespace kd::cuda

@@ -1,0 +1,377 @@
+// CudaTarget: device weights, the bf16 latent cache and the forward that strings the kernels of
+// kernels.h together in the CPU forward's order (src/model/deepseek_v3.cpp). Weight upload and
+// the random benchmark weights are in cuda_weights.cpp.
+#include "backend/cuda/cuda_target_impl.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kd {
+
+using cuda::check;
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_name() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return cat("no CUDA device (", cudaGetErrorString(e), ")");
+  if (n == 0) return "no CUDA device";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return "CUDA device 0 (properties unavailable)";
+  return cat(p.name, " (sm_", p.major, p.minor, ", ", p.multiProcessorCount, " SMs, ", double(p.totalGlobalMem) / double(1ull << 30),
+             " GiB, L2 ", p.l2CacheSize >> 20, " MiB)");
+}
+
+CudaTarget::Impl::~Impl() {
+  for (void* p : allocs) cudaFree(p);
+  if (h_in) cudaFreeHost(h_in);
+  if (ev0) cudaEventDestroy(ev0);
+  if (ev1) cudaEventDestroy(ev1);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void* CudaTarget::Impl::alloc(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
+  if (e != cudaSuccess) fail("CUDA: cannot allocate ", double(bytes) / 1e6, " MB for ", what, ": ", cudaGetErrorString(e));
+  allocs.push_back(p);
+  return p;
+}
+
+void CudaTarget::Impl::init_common(int64_t max_tokens) {
+  const ModelConfig& c = cfg;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaEventCreate(&ev0), "cudaEventCreate");
+  check(cudaEventCreate(&ev1), "cudaEventCreate");
+  cap = std::min(max_tokens, c.max_position_embeddings);
+  if (cap < 1) fail("CUDA target: the cache must hold at least one token");
+  D = c.latent_dim();
+  cache = static_cast<uint16_t*>(alloc(size_t(c.num_hidden_layers * cap * D) * 2, "the latent KV cache"));
+  const std::vector<float> f = c.rope_inv_freq();
+  inv_freq = static_cast<float*>(alloc(f.size() * 4, "RoPE frequencies"));
+  check(cudaMemcpy(inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "upload inv_freq");
+  rope_scaling = float(c.rope_attention_scaling());
+  softmax_scale = float(c.softmax_scale());
+  active_log = static_cast<int32_t*>(alloc(size_t(c.num_hidden_layers) * 4, "expert counts"));
+}
+
+void CudaTarget::Impl::ensure_rows(int64_t n) {
+  if (n <= rows_cap) return;
+  const ModelConfig& c = cfg;
+  // Work buffers are kept across forwards; growing frees nothing (the old ones stay in `allocs`).
+  const int64_t H = c.num_attention_heads, hid = c.hidden_size, K = std::max<int64_t>(c.num_experts_per_tok, 1);
+  const int64_t mi = c.moe_intermediate_size, ns = std::max<int64_t>(c.n_shared_experts, 1);
+  const int64_t hmax = std::max({c.intermediate_size, K * mi, mi * ns});
+  auto fbuf = [&](int64_t per_row, const char* what) { return static_cast<float*>(alloc(size_t(n * per_row) * 4, what)); };
+  auto ibuf = [&](int64_t count, const char* what) { return static_cast<int32_t*>(alloc(size_t(count) * 4, what)); };
+  x = fbuf(hid, "x");
+  xn = fbuf(hid, "xn");
+  cq = fbuf(c.q_lora_rank, "cq");
+  q = fbuf(H * c.qk_head_dim(), "q");
+  kv = fbuf(D, "kv");
+  attn = fbuf(H * c.v_head_dim, "attn");
+  h = fbuf(hmax, "h");
+  h2 = fbuf(mi * ns, "h2");
+  ys = fbuf(K * hid, "ys");
+  sh = fbuf(hid, "sh");
+  rl = fbuf(std::max<int64_t>(c.n_routed_experts, 1), "router logits");
+  wts = fbuf(K, "router weights");
+  logits = fbuf(c.vocab_size, "logits");
+  in = ibuf(3 * n + n * n, "ids/positions/visibility");
+  chosen = ibuf(n * K, "chosen");
+  entry_token = ibuf(n * K, "entries");
+  entry_slot = ibuf(n * K, "entries");
+  const int64_t E = std::max<int64_t>(c.n_routed_experts, 1);
+  n_active = ibuf(1, "n_active");
+  act_expert = ibuf(E, "act");
+  act_off = ibuf(E, "act");
+  act_cnt = ibuf(E, "act");
+  keep = ibuf(n, "keep");
+  if (h_in) cudaFreeHost(h_in);
+  h_in = nullptr;
+  check(cudaMallocHost(reinterpret_cast<void**>(&h_in), size_t(3 * n + n * n) * 4), "cudaMallocHost");
+  rows_cap = n;
+}
+
+void CudaTarget::Impl::run(int64_t n, int64_t start, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
+                           float* taps_dev) {
+  const ModelConfig& c = cfg;
+  const int64_t H = c.num_attention_heads, hid = c.hidden_size, qr = c.q_lora_rank, qk = c.qk_head_dim();
+  const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, Lr = c.kv_lora_rank;
+  const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
+  const int32_t* ids = in;
+  const int32_t* pos = in + n;
+  const int32_t* cnt = in + 2 * n;
+  const int32_t* vrows = in + 3 * n;
+  cudaStream_t s = stream;
+  using cuda::Epilogue;
+  cuda::embed(embed, hid, ids, n, x, s);
+  const int64_t n_taps = tap_layers ? int64_t(tap_layers->size()) : 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const DevLayer& L = layers[size_t(l)];
+    uint16_t* cache_l = cache + l * cap * D;
+    cuda::rmsnorm(x, hid, L.attn_norm, n, hid, c.rms_norm_eps, xn, hid, s);
+    cuda::linear(L.q_a, xn, hid, n, cq, qr, Epilogue::store, s);
+    cuda::rmsnorm(cq, qr, L.q_a_norm, n, qr, c.latent_norm_eps, cq, qr, s);
+    cuda::linear(L.q_b, cq, qr, n, q, H * qk, Epilogue::store, s);
+    cuda::rope_q(q, n, H, qk, dn, dr / 2, inv_freq, pos, rope_scaling, s);
+    cuda::linear(L.kv_a, xn, hid, n, kv, D, Epilogue::store, s);
+    cuda::latent_write(kv, n, Lr, dr, L.kv_a_norm, c.latent_norm_eps, inv_freq, pos, rope_scaling, cache_l, start, s);
+    cuda::MlaParams mp;
+    mp.q = q;
+    mp.kv_b = static_cast<const uint16_t*>(L.kv_b.w);
+    mp.cache = cache_l;
+    mp.vis_rows = vrows;
+    mp.vis_cnt = cnt;
+    mp.out = attn;
+    mp.n = n;
+    mp.start = start;
+    mp.H = H;
+    mp.dn = dn;
+    mp.dr = dr;
+    mp.dv = dv;
+    mp.Lr = Lr;
+    mp.softmax_scale = softmax_scale;
+    cuda::mla_attention(mp, s);
+    cuda::linear(L.o, attn, H * dv, n, x, hid, Epilogue::add, s);
+    cuda::rmsnorm(x, hid, L.ffn_norm, n, hid, c.rms_norm_eps, xn, hid, s);
+    if (!L.moe) {
+      cuda::linear(L.dense_gu, xn, hid, n, h, c.intermediate_size, Epilogue::swiglu, s);
+      cuda::linear(L.dense_down, h, c.intermediate_size, n, x, hid, Epilogue::add, s);
+    } else {
+      cuda::linear(L.router, xn, hid, n, rl, E, Epilogue::store, s);
+      cuda::RouteParams rp;
+      rp.E = E;
+      rp.K = K;
+      rp.G = c.n_group;
+      rp.topk_group = c.topk_group;
+      rp.norm_topk_prob = c.norm_topk_prob;
+      rp.routed_scaling = float(c.routed_scaling_factor);
+      cuda::route(rl, L.router_bias, n, rp, chosen, wts, s);
+      cuda::Dispatch d{n_active, act_expert, act_off, act_cnt, entry_token, entry_slot};
+      cuda::dispatch(chosen, n, K, E, d, active_log + l, s);
+      cuda::ExpertBatch gu;
+      gu.w = L.exp_gu;
+      gu.w_stride_bytes = L.gu_stride_bytes;
+      gu.scale_stride_elems = L.gu_scale_stride;
+      gu.n_active = n_active;
+      gu.act_expert = act_expert;
+      gu.act_off = act_off;
+      gu.act_cnt = act_cnt;
+      gu.in_row = entry_token;   // gate/up read the token's normalised hidden state
+      gu.out_row = entry_slot;   // … and write its slot i·K + k
+      gu.max_active = std::min(E, n * K);
+      gu.max_rows_per_expert = n;
+      cuda::expert_linear(gu, xn, hid, h, mi, Epilogue::swiglu, s);
+      cuda::ExpertBatch dw = gu;
+      dw.w = L.exp_down;
+      dw.w_stride_bytes = L.down_stride_bytes;
+      dw.scale_stride_elems = L.down_scale_stride;
+      dw.in_row = entry_slot;
+      cuda::expert_linear(dw, h, mi, ys, hid, Epilogue::store, s);
+      const int64_t si = mi * c.n_shared_experts;
+      if (L.has_shared) {
+        cuda::linear(L.sh_gu, xn, hid, n, h2, si, Epilogue::swiglu, s);
+        cuda::linear(L.sh_down, h2, si, n, sh, hid, Epilogue::store, s);
+      }
+      cuda::moe_combine(x, ys, wts, L.has_shared ? sh : nullptr, n, K, hid, s);
+    }
+    // HF's hidden_states[l + 1], which DFlash taps: the residual stream after layer l.
+    for (int64_t t = 0; t < n_taps; ++t)
+      if ((*tap_layers)[size_t(t)] == l)
+        check(cudaMemcpy2DAsync(taps_dev + t * hid, size_t(n_taps * hid) * 4, x, size_t(hid) * 4, size_t(hid) * 4, size_t(n),
+                                cudaMemcpyDeviceToDevice, s),
+              "tap copy");
+  }
+  if (!want_logits) return;
+  const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
+  cuda::rmsnorm(x + first * hid, hid, final_norm, rows, hid, c.rms_norm_eps, xn, hid, s);
+  cuda::linear(lm_head, xn, hid, rows, logits, c.vocab_size, Epilogue::store, s);
+}
+
+// Host side of a forward: checks as the CPU forward does, then packs ids | positions | key counts |
+// key rows into one upload.
+int64_t CudaTarget::Impl::upload_inputs(const int32_t* ids_h, int64_t n, const int32_t* positions, const uint8_t* visibility) {
+  const ModelConfig& c = cfg;
+  const int64_t start = size;
+  if (n <= 0) fail("forward: no tokens");
+  for (int64_t i = 0; i < n; ++i)
+    if (ids_h[i] < 0 || ids_h[i] >= c.vocab_size)
+      fail("token id ", ids_h[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  if (start + n > cap) fail("context full: ", start, " + ", n, " tokens exceed the CUDA cache's limit of ", cap);
+  ensure_rows(n);
+  int32_t* p = h_in;
+  std::memcpy(p, ids_h, size_t(n) * 4);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t ps = positions ? positions[i] : int32_t(start + i);
+    if (ps < 0 || ps >= c.max_position_embeddings)
+      fail("position ", ps, " is outside the model's context [0, ", c.max_position_embeddings, ")");
+    p[n + i] = ps;
+    int32_t k = 0;
+    for (int64_t j = 0; j < n; ++j)
+      if (visibility ? visibility[i * n + j] != 0 : j <= i) p[3 * n + i * n + k++] = int32_t(j);
+    p[2 * n + i] = k;
+  }
+  check(cudaMemcpyAsync(in, h_in, size_t(3 * n + n * n) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
+  return start;
+}
+
+CudaTarget::~CudaTarget() = default;
+
+const ModelConfig& CudaTarget::config() const { return impl_->cfg; }
+int64_t CudaTarget::size() const { return impl_->size; }
+int64_t CudaTarget::max_tokens() const { return impl_->cap; }
+void CudaTarget::reset() { impl_->size = 0; }
+uint64_t CudaTarget::device_weight_bytes() const { return impl_->weight_bytes; }
+
+void CudaTarget::forward(const ForwardArgs& a) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (a.form == AttnForm::expanded)
+    fail("the CUDA backend runs the absorbed MLA form only (it computes the same function); use --decode-attn absorbed");
+  const int64_t n = a.n;
+  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility);
+  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
+  float* taps_dev = nullptr;
+  if (n_taps && a.taps) {
+    for (int32_t t : *a.tap_layers)
+      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
+    if (m.taps_cap < n * n_taps * c.hidden_size) {
+      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
+      m.taps_cap = n * n_taps * c.hidden_size;
+    }
+    taps_dev = m.taps;
+  }
+  m.run(n, start, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  const int64_t rows = a.all_logits ? n : 1;
+  if (a.logits)
+    check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
+  if (taps_dev)
+    check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
+          "download taps");
+  std::vector<int32_t> distinct(static_cast<size_t>(c.num_hidden_layers), 0);
+  if (a.stats)
+    check(cudaMemcpyAsync(distinct.data(), m.active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, m.stream), "download counts");
+  check(cudaStreamSynchronize(m.stream), "forward");
+  if (a.commit) m.size = start + n;
+  if (a.stats) a.stats->weight_bytes += m.weight_bytes_of(n, &distinct, a.logits != nullptr ? rows : 0);
+}
+
+void CudaTarget::compact(int64_t start, const std::vector<int32_t>& keep) {
+  Impl& m = *impl_;
+  const int64_t nk = int64_t(keep.size());
+  for (size_t k = 0; k < keep.size(); ++k)
+    if (keep[k] < int32_t(k) || (k > 0 && keep[k] <= keep[k - 1]))
+      fail("KV compaction: kept rows must increase (row ", keep[k], " at slot ", k, ")");
+  if (nk && start + keep.back() >= m.cap) fail("KV compaction: row ", start + keep.back(), " is past the cache");
+  m.ensure_rows(nk);
+  check(cudaMemcpyAsync(m.keep, keep.data(), size_t(nk) * 4, cudaMemcpyHostToDevice, m.stream), "upload keep");
+  cuda::compact_rows(m.cache, m.cfg.num_hidden_layers, m.cap * m.D, m.D, start, m.keep, nk, m.stream);
+  check(cudaStreamSynchronize(m.stream), "compact");
+  m.size = start + nk;
+}
+
+// Weight bytes a forward over n rows streams (each matrix once; experts as counted per layer).
+uint64_t CudaTarget::Impl::weight_bytes_of(int64_t n, const std::vector<int32_t>* distinct, int64_t logit_rows) const {
+  const ModelConfig& c = cfg;
+  uint64_t b = uint64_t(n) * uint64_t(c.hidden_size) * 2;  // embedding rows
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const DevLayer& L = layers[l];
+    b += L.attn_bytes + L.dense_bytes;
+    if (L.moe) {
+      const int64_t e = distinct ? (*distinct)[l] : c.num_experts_per_tok;
+      b += uint64_t(e) * L.expert_bytes;
+    }
+  }
+  if (logit_rows > 0) b += matrix_bytes(lm_head) + uint64_t(c.hidden_size) * 4;
+  return b;
+}
+
+uint64_t CudaTarget::floor_bytes(int64_t cached_rows, int64_t n_rows, const std::vector<int32_t>* distinct) const {
+  const Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  // KV: every layer reads each cached and new latent row once and writes the new ones.
+  const uint64_t kv = uint64_t(c.num_hidden_layers) * uint64_t(cached_rows + 2 * n_rows) * uint64_t(m.D) * 2;
+  return m.weight_bytes_of(n_rows, distinct, 1) + kv;
+}
+
+double CudaTarget::measure_read_gbps() { return cuda::measure_read_gbps(int64_t(4) << 30, 10); }
+
+double CudaTarget::Impl::elapsed_ms() {
+  float ms = 0;
+  check(cudaEventSynchronize(ev1), "cudaEventSynchronize");
+  check(cudaEventElapsedTime(&ms, ev0, ev1), "cudaEventElapsedTime");
+  return double(ms);
+}
+
+double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
+  Impl& m = *impl_;
+  m.size = 0;
+  const int64_t n = int64_t(prompt.size());
+  m.upload_inputs(prompt.data(), n, nullptr, nullptr);
+  check(cudaStreamSynchronize(m.stream), "upload");
+  check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
+  m.run(n, 0, false, true, nullptr, nullptr);
+  check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
+  const double ms = m.elapsed_ms();
+  m.size = n;
+  return ms;
+}
+
+std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t steps) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (m.size + steps > m.cap) fail("decode benchmark: ", m.size, " + ", steps, " rows exceed the cache (", m.cap, ")");
+  m.ensure_rows(1);
+  check(cudaMemcpy(m.in, &first_token, 4, cudaMemcpyHostToDevice), "upload token");
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(steps + 1));
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  check(cudaEventRecord(ev[0], m.stream), "cudaEventRecord");
+  for (int64_t i = 0; i < steps; ++i) {
+    cuda::causal_setup(m.in + 1, m.in + 2, m.in + 3, m.size, 1, m.stream);
+    m.run(1, m.size, false, true, nullptr, nullptr);
+    cuda::argmax_rows(m.logits, 1, c.vocab_size, m.in, m.stream);  // the next step's token, on the device
+    ++m.size;
+    check(cudaEventRecord(ev[size_t(i + 1)], m.stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(m.stream), "decode");
+  std::vector<double> ms;
+  for (int64_t i = 0; i < steps; ++i) {
+    float t = 0;
+    check(cudaEventElapsedTime(&t, ev[size_t(i)], ev[size_t(i + 1)]), "cudaEventElapsedTime");
+    ms.push_back(double(t));
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  int32_t last = 0;
+  check(cudaMemcpy(&last, m.in, 4, cudaMemcpyDeviceToHost), "download token");
+  if (last < 0) fail("decode benchmark: the logits held a NaN");
+  return ms;
+}
+
+double CudaTarget::timed_verify_ms(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
+                                   const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct) {
+  Impl& m = *impl_;
+  const int64_t n = int64_t(ids.size());
+  if (int64_t(positions.size()) != n || int64_t(visibility.size()) != n * n) fail("verify benchmark: inconsistent tree arrays");
+  const int64_t start = m.upload_inputs(ids.data(), n, positions.data(), visibility.data());
+  check(cudaStreamSynchronize(m.stream), "upload");
+  check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
+  m.run(n, start, true, true, nullptr, nullptr);
+  check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
+  const double ms = m.elapsed_ms();
+  if (distinct) {
+    std::vector<int32_t> all(static_cast<size_t>(m.cfg.num_hidden_layers));
+    check(cudaMemcpy(all.data(), m.active_log, all.size() * 4, cudaMemcpyDeviceToHost), "download counts");
+    distinct->clear();
+    for (size_t l = 0; l < all.size(); ++l) distinct->push_back(m.layers[l].moe ? all[l] : 0);
+  }
+  return ms;  // uncommitted: the cache keeps its size
+}
+
+}  // namespace kd

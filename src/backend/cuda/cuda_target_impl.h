@@ -1,0 +1,68 @@
+// CudaTarget's private state (shared by cuda_target.cpp and cuda_weights.cpp only).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "backend/cuda/cuda_target.h"
+#include "backend/cuda/kernels.h"
+
+namespace kd {
+
+inline uint64_t matrix_bytes(const cuda::DevMatrix& m) {
+  if (m.int4) return uint64_t(m.rows) * uint64_t(m.cols) / 2 + uint64_t(m.rows) * uint64_t(m.cols / 32) * 2;
+  return uint64_t(m.rows) * uint64_t(m.cols) * 2;
+}
+
+struct DevLayer {
+  cuda::DevMatrix q_a, q_b, kv_a, kv_b, o;              // as the checkpoint's (bf16 here: kv_b must be)
+  float* attn_norm = nullptr, *ffn_norm = nullptr;     // fp32 [hidden]
+  float* q_a_norm = nullptr, *kv_a_norm = nullptr;     // fp32 [q_lora_rank], [kv_lora_rank]
+  bool moe = false, has_shared = false;
+  cuda::DevMatrix dense_gu, dense_down;                // !moe: gate/up rows interleaved [2·inter, hidden]
+  cuda::DevMatrix router;                              // moe: bf16 [E, hidden]
+  float* router_bias = nullptr;                        // moe: fp32 [E]
+  cuda::DevMatrix exp_gu, exp_down;                    // moe: expert 0 of [E] back-to-back matrices
+  int64_t gu_stride_bytes = 0, gu_scale_stride = 0, down_stride_bytes = 0, down_scale_stride = 0;
+  cuda::DevMatrix sh_gu, sh_down;                      // shared experts (interleaved gate/up)
+  uint64_t attn_bytes = 0;    // attention matrices + norms, read once per forward
+  uint64_t dense_bytes = 0;   // dense MLP, or router + shared experts
+  uint64_t expert_bytes = 0;  // one routed expert (gate + up + down)
+};
+
+struct CudaTarget::Impl {
+  ModelConfig cfg;
+  std::vector<void*> allocs;
+  uint64_t weight_bytes = 0;  // resident weights
+  uint16_t* embed = nullptr;  // bf16 [vocab, hidden]
+  cuda::DevMatrix lm_head;
+  float* final_norm = nullptr;
+  float* inv_freq = nullptr;
+  std::vector<DevLayer> layers;
+  uint16_t* cache = nullptr;  // bf16 [layers][cap][D]
+  int64_t cap = 0, size = 0, D = 0;
+  float rope_scaling = 1.0f, softmax_scale = 1.0f;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+
+  // Work buffers for up to rows_cap rows.
+  int64_t rows_cap = 0, taps_cap = 0;
+  float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
+  float *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
+  int32_t* in = nullptr;  // [ids n | positions n | key counts n | key rows n·n]
+  int32_t *chosen = nullptr, *entry_token = nullptr, *entry_slot = nullptr, *n_active = nullptr;
+  int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;
+  int32_t* h_in = nullptr;  // pinned staging of `in`
+
+  ~Impl();
+  void* alloc(size_t bytes, const char* what);
+  void init_common(int64_t max_tokens);
+  void ensure_rows(int64_t n);
+  int64_t upload_inputs(const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility);
+  void run(int64_t n, int64_t start, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers, float* taps_dev);
+  uint64_t weight_bytes_of(int64_t n, const std::vector<int32_t>* distinct, int64_t logit_rows) const;
+  double elapsed_ms();
+  void finish_layer_bytes();
+};
+
+}  // namespace kd

@@ -1,0 +1,241 @@
+// bf16 and W4A16 GEMV/GEMM for M = 1 … a few hundred rows (decode, tree verify, prefill), dense and
+// per-expert. One warp owns R output rows × up to MT input rows: each lane walks the 16-byte weight
+// chunks c = lane, lane + 32, … (8 bf16, or one INT4 group of 32 nibbles + its scale), multiplies
+// them with the fp32 activations, and the warp reduces with a butterfly. The reduction order of an
+// output depends only on the inner dimension, so the M-tile variant (MT = 1 for decode, wider for
+// verify/prefill) never changes a row's bits — the row invariance DDTree needs (DESIGN.md §2).
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace kd::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;  // warps per block: small blocks keep many in flight on 132 SMs
+
+// acc[m][r] = Σ_k x_m[k] · W[row0 + r, k] in the fixed lane/chunk order, per lane (not yet reduced).
+template <bool INT4, int R, int MT>
+__device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbase, int64_t cols, int64_t row0,
+                                         int64_t nrows, const float* const (&xs)[MT], int mcount, float (&acc)[MT][R],
+                                         int lane) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+  if constexpr (!INT4) {
+    const int64_t nch = cols / 8;
+    const uint4* wp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      wp[r] = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(wbase) + min(row0 + r, nrows - 1) * cols);
+    for (int64_t c = lane; c < nch; c += 32) {
+      uint4 wv[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r] = __ldg(wp[r] + c);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= mcount) break;
+        const float4* xp = reinterpret_cast<const float4*>(xs[m] + c * 8);
+        const float4 a = xp[0], b = xp[1];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float t = acc[m][r];
+          t = fmaf(bf16_lo(wv[r].x), a.x, t);
+          t = fmaf(bf16_hi(wv[r].x), a.y, t);
+          t = fmaf(bf16_lo(wv[r].y), a.z, t);
+          t = fmaf(bf16_hi(wv[r].y), a.w, t);
+          t = fmaf(bf16_lo(wv[r].z), b.x, t);
+          t = fmaf(bf16_hi(wv[r].z), b.y, t);
+          t = fmaf(bf16_lo(wv[r].w), b.z, t);
+          t = fmaf(bf16_hi(wv[r].w), b.w, t);
+          acc[m][r] = t;
+        }
+      }
+    }
+  } else {
+    const int64_t nch = cols / 32, words = cols / 8;
+    const uint4* wp[R];
+    const uint16_t* sp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = min(row0 + r, nrows - 1);
+      wp[r] = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(wbase) + row * words);
+      sp[r] = sbase + row * nch;
+    }
+    for (int64_t c = lane; c < nch; c += 32) {
+      uint4 wv[R];
+      float sc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[r] = __ldg(wp[r] + c);
+        sc[r] = bf16_f(__ldg(sp[r] + c));
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= mcount) break;
+        const float4* xp = reinterpret_cast<const float4*>(xs[m] + c * 32);
+        float xv[32];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float4 v = xp[j];
+          xv[4 * j] = v.x;
+          xv[4 * j + 1] = v.y;
+          xv[4 * j + 2] = v.z;
+          xv[4 * j + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t q[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+          float g = 0.0f;  // the group's Σ (n − 8)·x, then one multiply by its scale
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) g = fmaf(nib(q[j], i), xv[8 * j + i], g);
+          acc[m][r] = fmaf(sc[r], g, acc[m][r]);
+        }
+      }
+    }
+  }
+}
+
+template <int R, int MT>
+__device__ __forceinline__ void finish(float (&acc)[MT][R], int mcount, int64_t row0, int64_t nrows, float* const (&ys)[MT],
+                                       int ep, int lane) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+  if (lane != 0) return;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    if (m >= mcount) break;
+    float* y = ys[m];
+    if (ep == int(Epilogue::swiglu)) {
+#pragma unroll
+      for (int r = 0; r + 1 < R; r += 2) {
+        if (row0 + r + 1 >= nrows) break;
+        const float g = acc[m][r], u = acc[m][r + 1];
+        y[(row0 + r) / 2] = g / (1.0f + expf(-g)) * u;  // silu(g) · u, as the CPU writes it
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (row0 + r >= nrows) break;
+        if (ep == int(Epilogue::add))
+          y[row0 + r] = __fadd_rn(y[row0 + r], acc[m][r]);
+        else
+          y[row0 + r] = acc[m][r];
+      }
+    }
+  }
+}
+
+// grid (ceil(rows / (kWarps·R)), ceil(M / MT)).
+template <bool INT4, int R, int MT>
+__global__ void __launch_bounds__(kWarps * 32) linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx, int64_t M,
+                                                           float* y, int64_t ldy, int ep) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  if (row0 >= w.rows) return;
+  const int64_t m0 = int64_t(blockIdx.y) * MT;
+  const int mcount = int(M - m0 < MT ? M - m0 : int64_t(MT));
+  const float* xs[MT];
+  float* ys[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const int64_t row = m0 + int64_t(m < mcount ? m : mcount - 1);
+    xs[m] = x + row * ldx;
+    ys[m] = y + row * ldy;
+  }
+  float acc[MT][R];
+  warp_dot<INT4, R, MT>(w.w, w.scales, w.cols, row0, w.rows, xs, mcount, acc, lane);
+  finish<R, MT>(acc, mcount, row0, w.rows, ys, ep, lane);
+}
+
+// grid (ceil(rows / (kWarps·R)), max_active): block y serves the y-th active expert, all its rows
+// in tiles of MT (each tile re-reads the expert's weights, mostly from L2).
+template <bool INT4, int R, int MT>
+__global__ void __launch_bounds__(kWarps * 32) expert_kernel(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
+                                                           float* y, int64_t ldy, int ep) {
+  const int a = int(blockIdx.y);
+  if (a >= *b.n_active) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  if (row0 >= b.w.rows) return;
+  const int64_t e = b.act_expert[a];
+  const int off = b.act_off[a], cnt = b.act_cnt[a];
+  const void* wbase = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
+  const uint16_t* sbase = INT4 ? b.w.scales + e * b.scale_stride_elems : nullptr;
+  for (int t0 = 0; t0 < cnt; t0 += MT) {
+    const int mcount = min(MT, cnt - t0);
+    const float* xs[MT];
+    float* ys[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const int j = off + t0 + min(m, mcount - 1);
+      xs[m] = x + int64_t(b.in_row[j]) * ldx;
+      ys[m] = y + int64_t(b.out_row[j]) * ldy;
+    }
+    float acc[MT][R];
+    warp_dot<INT4, R, MT>(wbase, sbase, b.w.cols, row0, b.w.rows, xs, mcount, acc, lane);
+    finish<R, MT>(acc, mcount, row0, b.w.rows, ys, ep, lane);
+  }
+}
+
+void check_shape(const DevMatrix& w, const float* x, int64_t ldx, const char* what) {
+  const int64_t unit = w.int4 ? 32 : 8;
+  if (w.cols % unit != 0) fail("CUDA ", what, ": ", w.cols, " inputs is not a multiple of ", unit, " (", w.int4 ? "INT4 group" : "16-byte bf16 chunk", ")");
+  if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA ", what, ": activations are not 16-byte aligned");
+}
+
+}  // namespace
+
+void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  if (M <= 0 || w.rows <= 0) return;
+  check_shape(w, x, ldx, "linear");
+  const dim3 block(kWarps * 32);
+  if (w.int4) {
+    constexpr int R = 4;
+    const unsigned gx = unsigned((w.rows + kWarps * R - 1) / (kWarps * R));
+    if (M == 1)
+      linear_kernel<true, R, 1><<<dim3(gx, 1), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+    else
+      linear_kernel<true, R, 8><<<dim3(gx, unsigned((M + 7) / 8)), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+  } else {
+    constexpr int R = 2;
+    const unsigned gx = unsigned((w.rows + kWarps * R - 1) / (kWarps * R));
+    if (M == 1)
+      linear_kernel<false, R, 1><<<dim3(gx, 1), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+    else
+      linear_kernel<false, R, 8><<<dim3(gx, unsigned((M + 7) / 8)), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+  }
+  check_launch("linear");
+}
+
+void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  if (b.max_active <= 0) return;
+  check_shape(b.w, x, ldx, "expert_linear");
+  const dim3 block(kWarps * 32);
+  const unsigned gy = unsigned(b.max_active);
+  // One token per expert (decode) needs no M-tile; wider tiles share each weight load across rows.
+  const bool single = b.max_rows_per_expert <= 1;
+  if (b.w.int4) {
+    constexpr int R = 4;
+    const unsigned gx = unsigned((b.w.rows + kWarps * R - 1) / (kWarps * R));
+    if (single)
+      expert_kernel<true, R, 1><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+    else
+      expert_kernel<true, R, 4><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+  } else {
+    constexpr int R = 2;
+    const unsigned gx = unsigned((b.w.rows + kWarps * R - 1) / (kWarps * R));
+    if (single)
+      expert_kernel<false, R, 1><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+    else
+      expert_kernel<false, R, 4><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+  }
+  check_launch("expert_linear");
+}
+
+}  // namespace kd::cuda

@@ -1,0 +1,153 @@
+// `kdtree bench --device cuda`: prefill, AR decode and the DDTree verify cost curve of the GPU
+// target, each against its byte floor (PERF.md): bytes a step must read at least (every weight it
+// touches once — routed experts as actually touched — plus the latent KV it attends to) over the
+// streaming read bandwidth measured in the same run. Times are CUDA-event medians.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/make_model.h"
+#ifdef KDTREE_HAVE_CUDA
+#include "backend/cuda/cuda_target.h"
+#include "io/checkpoint.h"
+#endif
+
+namespace kd::cli {
+
+#ifndef KDTREE_HAVE_CUDA
+int cmd_bench_cuda(const BenchOptions&) {
+  fail("--device cuda: this build has no CUDA backend (configure with -DKDTREE_CUDA=ON where nvcc is installed)");
+}
+#else
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// PERF.md's k2-slice: K2's exact shapes, 1 dense + 11 MoE layers.
+ModelConfig k2_slice_config() {
+  nlohmann::json j = nlohmann::json::parse(preset_config_json("k2"));
+  j["num_hidden_layers"] = 12;
+  return parse_model_config(j.dump(), "preset k2-slice");
+}
+
+}  // namespace
+
+int cmd_bench_cuda(const BenchOptions& o) {
+  if (!o.preset.empty() && !o.model.empty()) fail("give -m DIR or --preset, not both");
+  if (!o.preset.empty() && o.preset != "k2-slice") fail("--preset ", o.preset, ": unknown (the GPU benchmark preset is k2-slice)");
+  if (o.preset.empty() && o.model.empty()) fail("bench --device cuda needs -m DIR or --preset k2-slice");
+  if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
+  const std::vector<int64_t> nodes = {1, 2, 4, 8, 16, 32, 64};
+  const int64_t cap = o.n_prompt + std::max<int64_t>(o.n_gen, nodes.back() + 1) + 2;
+  std::unique_ptr<CudaTarget> t;
+  std::string label;
+  if (!o.preset.empty()) {
+    log_info("making k2-slice's random weights on the GPU …");
+    t = std::make_unique<CudaTarget>(k2_slice_config(), cap, 1234, true);
+    label = "k2-slice (random, INT4 g32 experts)";
+  } else {
+    Checkpoint ck(o.model);
+    DeepseekV3 model(ck);
+    t = std::make_unique<CudaTarget>(model, cap);
+    label = o.model;
+  }
+  const ModelConfig& c = t->config();
+  log_info("measuring the device's streaming read bandwidth …");
+  const double bw = CudaTarget::measure_read_gbps();
+  std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+
+  // Prefill and decode; the first repetition warms up and is dropped.
+  std::vector<double> pp, tg;
+  for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
+    const double ms = t->timed_prefill_ms(prompt);
+    const std::vector<double> steps = t->timed_decode_ms(prompt.back(), o.n_gen);
+    if (rep == 0) continue;
+    pp.push_back(ms);
+    tg.insert(tg.end(), steps.begin(), steps.end());
+  }
+  const double pp_ms = median(pp), tg_ms = median(tg);
+  const uint64_t tg_bytes = t->floor_bytes(o.n_prompt + o.n_gen / 2, 1, nullptr);
+  const double tg_floor_ms = double(tg_bytes) / (bw * 1e9) * 1e3;
+
+  // Verify cost curve: [root + N nodes] shaped like a DDTree tree (a chain of 7, then siblings
+  // hanging off it), uncommitted, after the prompt — the target's share of a round.
+  struct Point {
+    int64_t N;
+    double ms, floor_ms, experts;
+  };
+  std::vector<Point> curve;
+  for (int64_t N : nodes) {
+    const int64_t n = N + 1;
+    std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n)), parent(static_cast<size_t>(n), -1);
+    std::vector<int32_t> depth(static_cast<size_t>(n), 0);
+    std::vector<uint8_t> vis(static_cast<size_t>(n * n), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i > 0) {
+        parent[size_t(i)] = i <= 7 ? int32_t(i - 1) : int32_t((i * 5) % 7);
+        depth[size_t(i)] = depth[size_t(parent[size_t(i)])] + 1;
+      }
+      ids[size_t(i)] = int32_t((i * 131 + 11) % c.vocab_size);
+      for (int64_t a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i * n + a)] = 1;
+      pos[size_t(i)] = int32_t(o.n_prompt + depth[size_t(i)]);
+    }
+    t->timed_prefill_ms(prompt);
+    std::vector<double> runs;
+    std::vector<int32_t> distinct;
+    for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
+      const double ms = t->timed_verify_ms(ids, pos, vis, &distinct);
+      if (rep > 0) runs.push_back(ms);
+    }
+    double sum = 0;
+    int64_t moe = 0;
+    for (int32_t d : distinct)
+      if (d > 0) sum += d, ++moe;
+    const uint64_t bytes = t->floor_bytes(o.n_prompt, n, &distinct);
+    curve.push_back({N, median(runs), double(bytes) / (bw * 1e9) * 1e3, moe ? sum / double(moe) : 0.0});
+  }
+
+  const double pp_tps = double(o.n_prompt) / pp_ms * 1e3, tg_tps = 1e3 / tg_ms;
+  if (o.json) {
+    nlohmann::ordered_json j = {
+        {"model", label}, {"backend", "cuda"}, {"device", cuda_device_name()}, {"weights_bytes", t->device_weight_bytes()},
+        {"read_bandwidth_gb_per_s", bw}, {"repetitions", o.repetitions},
+        {"prefill", {{"tokens", o.n_prompt}, {"ms", pp_ms}, {"tokens_per_s", pp_tps}}},
+        {"decode", {{"steps", o.n_gen}, {"ms_per_token", tg_ms}, {"tokens_per_s", tg_tps}, {"floor_bytes", tg_bytes},
+                    {"floor_ms", tg_floor_ms}, {"gb_per_s", double(tg_bytes) / (tg_ms * 1e-3) / 1e9},
+                    {"fraction_of_floor", tg_floor_ms / tg_ms}}}};
+    nlohmann::ordered_json jc = nlohmann::ordered_json::array();
+    for (const Point& p : curve)
+      jc.push_back({{"nodes", p.N}, {"rows", p.N + 1}, {"ms", p.ms}, {"cost_ratio", p.ms / curve[0].ms},
+                    {"distinct_experts_per_layer", p.experts}, {"floor_ms", p.floor_ms}, {"fraction_of_floor", p.floor_ms / p.ms}});
+    j["verify_curve"] = jc;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("device: %s; weights on device %.2f GB; measured streaming read %.0f GB/s\n", cuda_device_name().c_str(),
+              double(t->device_weight_bytes()) / 1e9, bw);
+  std::printf("| model | backend | test | ms | t/s | floor ms | GB/s | %% of floor |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| %s | cuda | pp%lld | %.2f | %.1f | | | |\n", label.c_str(), (long long)o.n_prompt, pp_ms, pp_tps);
+  std::printf("| %s | cuda | tg%lld (per token) | %.3f | %.1f | %.3f | %.0f | %.1f %% |\n", label.c_str(), (long long)o.n_gen, tg_ms,
+              tg_tps, tg_floor_ms, double(tg_bytes) / (tg_ms * 1e-3) / 1e9, 100 * tg_floor_ms / tg_ms);
+  std::printf("\n| verify nodes N (+root) | ms | cost(N)/cost(1) | distinct experts / MoE layer | floor ms | %% of floor |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const Point& p : curve)
+    std::printf("| %lld | %.3f | %.2f | %.1f | %.3f | %.1f %% |\n", (long long)p.N, p.ms, p.ms / curve[0].ms, p.experts, p.floor_ms,
+                100 * p.floor_ms / p.ms);
+  std::printf("\nmedians of %lld repetitions (decode: of every step), after one warm-up; floor = bytes that must be read / "
+              "measured read bandwidth\n",
+              (long long)o.repetitions);
+  return 0;
+}
+
+#endif
+
+}  // namespace kd::cli
