@@ -1,9 +1,10 @@
 // Absorbed MLA attention over the bf16 latent cache, for decode, tree verify and prefill alike
-// (SPEC-MODEL.md §2, the decode form of vLLM/FlashMLA). One block per (new row, head):
-//   q_lat = W_UKᵀ q_nope                                  [Lr]    (kv_b rows of the head, bf16)
+// (SPEC-MODEL.md §2, the decode form of vLLM/FlashMLA). Three kernels, so a single decode row
+// still spreads the W_UK / W_UV reads (16.8 MB a layer for K2) over the whole GPU:
+//   q_lat = W_UKᵀ q_nope                                  [Lr]    qlat_kernel (kv_b rows of the head)
 //   s_t   = (q_lat · c_kv[t] + q_pe · k_pe[t]) · scale     over the row's key list
-//   p     = softmax(s);  o_lat = Σ_t p_t c_kv[t]           [Lr]
-//   out   = W_UV o_lat                                    [dv]
+//   p     = softmax(s);  o_lat = Σ_t p_t c_kv[t]           [Lr]    mla_core_kernel, per (row, head)
+//   out   = W_UV o_lat                                    [dv]    wuv_kernel, a warp per value
 // The key list of row i is the committed rows 0 … start−1 followed by the new rows it may see (its
 // tree ancestors and itself, ascending): exactly the list of the AR step for the same prefix, and
 // every reduction is ordered by position in that list — so a verified node reproduces its AR step
@@ -21,35 +22,50 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kMaxSmem = 227 * 1024;  // Hopper's per-block opt-in limit
 
-// Shared: q_lat [Lr] | q_pe [dr] | o_lat [Lr] | reduction [32] | p [len].
-__global__ void __launch_bounds__(kThreads) mla_kernel(MlaParams p) {
+// q_lat[i, h, :] = W_UKᵀ q_nope[i, h]: grid (n·H, ceil(Lr / 256)), 128 threads, each two adjacent
+// latent values (bf16x2 loads coalesced across the warp), d ascending.
+__global__ void __launch_bounds__(128) qlat_kernel(MlaParams p) {
+  __shared__ float qn[512];
+  const int64_t ih = blockIdx.x, h = ih % p.H, Lr = p.Lr, dn = p.dn;
+  const float* qi = p.q + ih * (dn + p.dr);
+  for (int64_t d = threadIdx.x; d < dn; d += 128) qn[d] = qi[d];
+  __syncthreads();
+  const int64_t l2 = int64_t(blockIdx.y) * 128 + threadIdx.x;  // latent pair
+  if (l2 >= Lr / 2) return;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p.kv_b + h * (dn + p.dv) * Lr) + l2;
+  float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll 16
+  for (int64_t d = 0; d < dn; ++d) {
+    const uint32_t v = __ldg(w + d * (Lr / 2));
+    a0 = fmaf(qn[d], bf16_lo(v), a0);
+    a1 = fmaf(qn[d], bf16_hi(v), a1);
+  }
+  p.qlat[ih * Lr + 2 * l2] = a0;
+  p.qlat[ih * Lr + 2 * l2 + 1] = a1;
+}
+
+// Scores, softmax and o_lat for one (row, head). Shared: q_lat [Lr] | q_pe [dr] | red [32] | p [len].
+__global__ void __launch_bounds__(kThreads) mla_core_kernel(MlaParams p) {
   extern __shared__ float sm[];
-  const int64_t i = blockIdx.x, h = blockIdx.y, Lr = p.Lr, dr = p.dr, dn = p.dn, dv = p.dv, D = Lr + dr;
+  const int64_t i = blockIdx.x, h = blockIdx.y, Lr = p.Lr, dr = p.dr, dn = p.dn, D = Lr + dr, ih = i * p.H + h;
   float* qlat = sm;
   float* qpe = qlat + Lr;
-  float* olat = qpe + dr;
-  float* red = olat + Lr;
+  float* red = qpe + dr;
   float* prob = red + 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = kThreads / 32;
-  const float* qi = p.q + (i * p.H + h) * (dn + dr);
-  const uint16_t* wh = p.kv_b + h * (dn + dv) * Lr;  // [dn + dv, Lr]
-
-  for (int64_t l = tid; l < Lr; l += kThreads) {
-    float acc = 0.0f;
-    for (int64_t d = 0; d < dn; ++d) acc = fmaf(qi[d], bf16_f(wh[d * Lr + l]), acc);
-    qlat[l] = acc;
-  }
-  for (int64_t d = tid; d < dr; d += kThreads) qpe[d] = qi[dn + d];
+  for (int64_t l = tid; l < Lr; l += kThreads) qlat[l] = p.qlat[ih * Lr + l];
+  for (int64_t d = tid; d < dr; d += kThreads) qpe[d] = p.q[ih * (dn + dr) + dn + d];
   __syncthreads();
 
   const int64_t start = p.start, len = start + p.vis_cnt[i];
   const int32_t* vis = p.vis_rows + i * p.n;
   auto key_row = [&](int64_t t) { return t < start ? t : start + vis[t - start]; };
 
-  // Scores: one warp per key, lanes over bf16 pairs of the 576-wide latent.
+  // Scores: one warp per key, lanes over bf16 pairs of the latent.
   for (int64_t t = warp; t < len; t += nw) {
     const uint32_t* k2 = reinterpret_cast<const uint32_t*>(p.cache + key_row(t) * D);
     float a = 0.0f, b = 0.0f;
+#pragma unroll 8
     for (int64_t q = lane; q < Lr / 2; q += 32) {
       const uint32_t v = k2[q];
       a = fmaf(qlat[2 * q], bf16_lo(v), a);
@@ -81,44 +97,55 @@ __global__ void __launch_bounds__(kThreads) mla_kernel(MlaParams p) {
   // o_lat: one thread per latent value, keys in list order (coalesced across threads).
   for (int64_t l = tid; l < Lr; l += kThreads) {
     float acc = 0.0f;
+#pragma unroll 8
     for (int64_t t = 0; t < len; ++t) acc = fmaf(prob[t], bf16_f(p.cache[key_row(t) * D + l]), acc);
-    olat[l] = acc;
-  }
-  __syncthreads();
-
-  // out = W_UV o_lat: one warp per output value.
-  for (int64_t d = warp; d < dv; d += nw) {
-    const uint32_t* w2 = reinterpret_cast<const uint32_t*>(wh + (dn + d) * Lr);
-    float acc = 0.0f;
-    for (int64_t q = lane; q < Lr / 2; q += 32) {
-      const uint32_t v = w2[q];
-      acc = fmaf(bf16_lo(v), olat[2 * q], acc);
-      acc = fmaf(bf16_hi(v), olat[2 * q + 1], acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) p.out[(i * p.H + h) * dv + d] = acc;
+    p.olat[ih * Lr + l] = acc;
   }
 }
 
-size_t smem_bytes(int64_t Lr, int64_t dr, int64_t len) { return size_t(2 * Lr + dr + 32 + len) * sizeof(float); }
+// out[i, h, d] = W_UV[h][d] · o_lat[i, h]: one warp per output value, 8 warps a block.
+__global__ void __launch_bounds__(256) wuv_kernel(MlaParams p) {
+  const int64_t wid = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (wid >= p.n * p.H * p.dv) return;
+  const int64_t d = wid % p.dv, ih = wid / p.dv, h = ih % p.H, Lr = p.Lr;
+  const uint32_t* w2 = reinterpret_cast<const uint32_t*>(p.kv_b + (h * (p.dn + p.dv) + p.dn + d) * Lr);
+  const float2* o2 = reinterpret_cast<const float2*>(p.olat + ih * Lr);
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int64_t q = lane; q < Lr / 2; q += 32) {
+    const uint32_t v = __ldg(w2 + q);
+    const float2 o = o2[q];
+    acc = fmaf(bf16_lo(v), o.x, acc);
+    acc = fmaf(bf16_hi(v), o.y, acc);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) p.out[ih * p.dv + d] = acc;
+}
+
+size_t smem_bytes(int64_t Lr, int64_t dr, int64_t len) { return size_t(Lr + dr + 32 + len) * sizeof(float); }
 
 }  // namespace
 
-int64_t mla_max_keys(int64_t Lr, int64_t dr) { return int64_t(kMaxSmem / sizeof(float)) - (2 * Lr + dr + 32); }
+int64_t mla_max_keys(int64_t Lr, int64_t dr) { return int64_t(kMaxSmem / sizeof(float)) - (Lr + dr + 32); }
 
 void mla_attention(const MlaParams& p, cudaStream_t s) {
+  if (p.dn > 512) fail("CUDA MLA: qk_nope_head_dim ", p.dn, " exceeds 512");
   if (p.Lr % 2 || p.dr % 2) fail("CUDA MLA: kv_lora_rank (", p.Lr, ") and qk_rope_head_dim (", p.dr, ") must be even");
   const int64_t len_max = p.start + p.n;
   if (len_max > mla_max_keys(p.Lr, p.dr))
     fail("CUDA MLA: ", len_max, " keys exceed this kernel's limit of ", mla_max_keys(p.Lr, p.dr), " (shared-memory scores)");
   static bool raised = false;  // the opt-in above 48 KB is a per-function attribute, set once
   if (!raised) {
-    check(cudaFuncSetAttribute(mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
-          "cudaFuncSetAttribute(mla_kernel)");
+    check(cudaFuncSetAttribute(mla_core_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)),
+          "cudaFuncSetAttribute(mla_core_kernel)");
     raised = true;
   }
-  mla_kernel<<<dim3(unsigned(p.n), unsigned(p.H)), kThreads, smem_bytes(p.Lr, p.dr, len_max), s>>>(p);
-  check_launch("mla_attention");
+  qlat_kernel<<<dim3(unsigned(p.n * p.H), unsigned((p.Lr / 2 + 127) / 128)), 128, 0, s>>>(p);
+  check_launch("mla qlat");
+  mla_core_kernel<<<dim3(unsigned(p.n), unsigned(p.H)), kThreads, smem_bytes(p.Lr, p.dr, len_max), s>>>(p);
+  check_launch("mla core");
+  wuv_kernel<<<unsigned((p.n * p.H * p.dv + 7) / 8), 256, 0, s>>>(p);
+  check_launch("mla wuv");
 }
 
 }  // namespace kd::cuda

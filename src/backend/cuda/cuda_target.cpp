@@ -76,6 +76,8 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   q = fbuf(H * c.qk_head_dim(), "q");
   kv = fbuf(D, "kv");
   attn = fbuf(H * c.v_head_dim, "attn");
+  qlat = fbuf(H * c.kv_lora_rank, "q_lat");
+  olat = fbuf(H * c.kv_lora_rank, "o_lat");
   h = fbuf(hmax, "h");
   h2 = fbuf(mi * ns, "h2");
   ys = fbuf(K * hid, "ys");
@@ -130,6 +132,8 @@ void CudaTarget::Impl::run(int64_t n, int64_t start, bool all_logits, bool want_
     mp.vis_rows = vrows;
     mp.vis_cnt = cnt;
     mp.out = attn;
+    mp.qlat = qlat;
+    mp.olat = olat;
     mp.n = n;
     mp.start = start;
     mp.H = H;

@@ -48,7 +48,7 @@ struct CudaTarget::Impl {
   // Work buffers for up to rows_cap rows.
   int64_t rows_cap = 0, taps_cap = 0;
   float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
-  float *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
+  float *qlat = nullptr, *olat = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
   int32_t* in = nullptr;  // [ids n | positions n | key counts n | key rows n·n]
   int32_t *chosen = nullptr, *entry_token = nullptr, *entry_slot = nullptr, *n_active = nullptr;
   int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;

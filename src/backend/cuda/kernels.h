@@ -74,11 +74,13 @@ struct MlaParams {
   const int32_t* vis_rows = nullptr;  // [n, n]
   const int32_t* vis_cnt = nullptr;   // [n]
   float* out = nullptr;               // [n, H × dv]
+  float* qlat = nullptr, *olat = nullptr;  // work: [n, H, Lr] each
   int64_t n = 0, start = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
 };
 void mla_attention(const MlaParams& p, cudaStream_t s);
 int64_t mla_max_keys(int64_t Lr, int64_t dr);  // longest key list the shared-memory score buffer holds
+// (kv_b must be bf16; qk_nope_head_dim ≤ 512)
 
 // MoE router of n rows (SPEC-MODEL.md §2): sigmoid scores, selection on score + bias with group
 // limits, ties to the lower id, chosen ids ascending, weights normalised in that order.

@@ -89,9 +89,18 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
           const uint32_t q[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
           float g = 0.0f;  // the group's Σ (n − 8)·x, then one multiply by its scale
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j) {
+            // Even nibbles in the bytes of lo, odd ones in hi; PRMT places a byte under the
+            // exponent 0x4B (2^23 + n), so a nibble costs PRMT + FADD instead of SHF + LOP3 + FADD.
+            const uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) g = fmaf(nib(q[j], i), xv[8 * j + i], g);
+            for (int b = 0; b < 4; ++b) {
+              const float n0 = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7650u + b)) - 8388616.0f;
+              const float n1 = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7650u + b)) - 8388616.0f;
+              g = fmaf(n0, xv[8 * j + 2 * b], g);
+              g = fmaf(n1, xv[8 * j + 2 * b + 1], g);
+            }
+          }
           acc[m][r] = fmaf(sc[r], g, acc[m][r]);
         }
       }

@@ -165,42 +165,60 @@ __global__ void route_kernel(const float* logits, const float* bias, RouteParams
   }
 }
 
-// One block. Shared: count[E], base[E].
-__global__ void dispatch_kernel(const int32_t* chosen, int nK, int K, int E, Dispatch d, int32_t* active_log) {
-  extern __shared__ int smi[];
-  int* count = smi;
-  int* base = smi + E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int c = 0;
-    for (int j = 0; j < nK; ++j) c += chosen[j] == e;
-    count[e] = c;
+// Exclusive prefix sum over the block (blockDim.x ≤ 1024, a multiple of 32); *total gets the sum.
+__device__ int block_exclusive_scan(int v, int* sh, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += t;
   }
+  if (lane == 31) sh[warp] = inc;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, a = 0;
-    for (int e = 0; e < E; ++e) {
-      base[e] = off;
-      if (count[e] == 0) continue;
-      d.act_expert[a] = e;
-      d.act_off[a] = off;
-      d.act_cnt[a] = count[e];
-      off += count[e];
-      ++a;
+  if (warp == 0) {
+    int w = lane < nw ? sh[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += t;
     }
-    *d.n_active = a;
-    if (active_log) *active_log = a;
+    if (lane < nw) sh[lane] = w;  // inclusive warp totals
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    if (count[e] == 0) continue;
-    int p = base[e];
-    for (int j = 0; j < nK; ++j)
-      if (chosen[j] == e) {
-        d.entry_token[p] = j / K;
-        d.entry_slot[p] = j;
-        ++p;
-      }
+  const int before = (warp > 0 ? sh[warp - 1] : 0) + inc - v;
+  *total = sh[nw - 1];
+  __syncthreads();
+  return before;
+}
+
+// One block, a thread per expert (E ≤ 1024): counts, two block scans (slots, active experts), then
+// each active expert writes its entries in ascending row order.
+__global__ void __launch_bounds__(1024) dispatch_kernel(const int32_t* chosen, int nK, int K, int E, Dispatch d,
+                                                        int32_t* active_log) {
+  __shared__ int sh[32];
+  const int e = threadIdx.x;
+  int c = 0;
+  if (e < E)
+    for (int j = 0; j < nK; ++j) c += chosen[j] == e;
+  int total = 0, n_act = 0;
+  const int off = block_exclusive_scan(c, sh, &total);
+  const int a = block_exclusive_scan(c > 0 ? 1 : 0, sh, &n_act);
+  if (e == 0) {
+    *d.n_active = n_act;
+    if (active_log) *active_log = n_act;
   }
+  if (c == 0) return;
+  d.act_expert[a] = e;
+  d.act_off[a] = off;
+  d.act_cnt[a] = c;
+  int p = off;
+  for (int j = 0; j < nK; ++j)
+    if (chosen[j] == e) {
+      d.entry_token[p] = j / K;
+      d.entry_slot[p] = j;
+      ++p;
+    }
 }
 
 __global__ void combine_kernel(float* x, const float* y, const float* w, const float* shared, int64_t n, int64_t K, int64_t hid) {
@@ -323,7 +341,7 @@ void embed(const uint16_t* table, int64_t dim, const int32_t* ids, int64_t n, fl
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t dim, double eps, float* out, int64_t ldo,
              cudaStream_t s) {
   if (rows <= 0) return;
-  rmsnorm_kernel<<<unsigned(rows), 256, 0, s>>>(x, ldx, w, dim, eps, out, ldo);
+  rmsnorm_kernel<<<unsigned(rows), 512, 0, s>>>(x, ldx, w, dim, eps, out, ldo);
   check_launch("rmsnorm");
 }
 
@@ -349,7 +367,9 @@ void route(const float* logits, const float* bias, int64_t n, const RouteParams&
 }
 
 void dispatch(const int32_t* chosen, int64_t n, int64_t K, int64_t E, const Dispatch& d, int32_t* active_log, cudaStream_t s) {
-  dispatch_kernel<<<1, 256, size_t(2 * E) * sizeof(int), s>>>(chosen, int(n * K), int(K), int(E), d, active_log);
+  if (E > 1024) fail("CUDA dispatch: ", E, " routed experts exceed 1024");
+  const int threads = int(std::max<int64_t>(32, (E + 31) / 32 * 32));
+  dispatch_kernel<<<1, threads, 0, s>>>(chosen, int(n * K), int(K), int(E), d, active_log);
   check_launch("dispatch");
 }
 
