@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(128) qlat_kernel(MlaParams p) {
   if (l2 >= Lr / 2) return;
   const uint32_t* w = reinterpret_cast<const uint32_t*>(p.kv_b + h * (dn + p.dv) * Lr) + l2;
   float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll 16
+#pragma unroll 32
   for (int64_t d = 0; d < dn; ++d) {
     const uint32_t v = __ldg(w + d * (Lr / 2));
     a0 = fmaf(qn[d], bf16_lo(v), a0);
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) mla_core_kernel(MlaParams p) {
   for (int64_t d = tid; d < dr; d += kThreads) qpe[d] = p.q[ih * (dn + dr) + dn + d];
   __syncthreads();
 
-  const int64_t start = p.start, len = start + p.vis_cnt[i];
+  const int64_t start = *p.start, len = start + p.vis_cnt[i];
   const int32_t* vis = p.vis_rows + i * p.n;
   auto key_row = [&](int64_t t) { return t < start ? t : start + vis[t - start]; };
 
@@ -131,7 +131,7 @@ int64_t mla_max_keys(int64_t Lr, int64_t dr) { return int64_t(kMaxSmem / sizeof(
 void mla_attention(const MlaParams& p, cudaStream_t s) {
   if (p.dn > 512) fail("CUDA MLA: qk_nope_head_dim ", p.dn, " exceeds 512");
   if (p.Lr % 2 || p.dr % 2) fail("CUDA MLA: kv_lora_rank (", p.Lr, ") and qk_rope_head_dim (", p.dr, ") must be even");
-  const int64_t len_max = p.start + p.n;
+  const int64_t len_max = p.max_keys;
   if (len_max > mla_max_keys(p.Lr, p.dr))
     fail("CUDA MLA: ", len_max, " keys exceed this kernel's limit of ", mla_max_keys(p.Lr, p.dr), " (shared-memory scores)");
   static bool raised = false;  // the opt-in above 48 KB is a per-function attribute, set once

@@ -51,6 +51,8 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   Buf dq(q, size_t(s.n * s.H * (s.dn + s.dr)) * 4), dc(cache.data(), cache.size() * 2), dk(kv_b.data(), kv_b.size() * 2);
   Buf dvr(vis_rows.data(), vis_rows.size() * 4), dvc(vis_cnt.data(), vis_cnt.size() * 4), dout(size_t(s.n * s.H * s.dv) * 4);
   Buf dql(size_t(s.n * s.H * s.Lr) * 4), dol(size_t(s.n * s.H * s.Lr) * 4);
+  const int32_t start = int32_t(s.start);
+  Buf dstart(&start, 4);
   cuda::MlaParams p;
   p.q = dq.as<float>();
   p.kv_b = dk.as<uint16_t>();
@@ -61,7 +63,8 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.qlat = dql.as<float>();
   p.olat = dol.as<float>();
   p.n = s.n;
-  p.start = s.start;
+  p.start = dstart.as<int32_t>();
+  p.max_keys = s.start + s.n;
   p.H = s.H;
   p.dn = s.dn;
   p.dr = s.dr;

@@ -85,7 +85,7 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   rl = fbuf(std::max<int64_t>(c.n_routed_experts, 1), "router logits");
   wts = fbuf(K, "router weights");
   logits = fbuf(c.vocab_size, "logits");
-  in = ibuf(3 * n + n * n, "ids/positions/visibility");
+  in = ibuf(3 * n + n * n + 1, "ids/positions/visibility/start");
   chosen = ibuf(n * K, "chosen");
   entry_token = ibuf(n * K, "entries");
   entry_slot = ibuf(n * K, "entries");
@@ -97,12 +97,12 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   keep = ibuf(n, "keep");
   if (h_in) cudaFreeHost(h_in);
   h_in = nullptr;
-  check(cudaMallocHost(reinterpret_cast<void**>(&h_in), size_t(3 * n + n * n) * 4), "cudaMallocHost");
+  check(cudaMallocHost(reinterpret_cast<void**>(&h_in), size_t(3 * n + n * n + 1) * 4), "cudaMallocHost");
   rows_cap = n;
 }
 
-void CudaTarget::Impl::run(int64_t n, int64_t start, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
-                           float* taps_dev) {
+void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool want_logits,
+                           const std::vector<int32_t>* tap_layers, float* taps_dev) {
   const ModelConfig& c = cfg;
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, qr = c.q_lora_rank, qk = c.qk_head_dim();
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, Lr = c.kv_lora_rank;
@@ -111,6 +111,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t start, bool all_logits, bool want_
   const int32_t* pos = in + n;
   const int32_t* cnt = in + 2 * n;
   const int32_t* vrows = in + 3 * n;
+  const int32_t* start = in + 3 * n + n * n;
   cudaStream_t s = stream;
   using cuda::Epilogue;
   cuda::embed(embed, hid, ids, n, x, s);
@@ -136,6 +137,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t start, bool all_logits, bool want_
     mp.olat = olat;
     mp.n = n;
     mp.start = start;
+    mp.max_keys = max_keys;
     mp.H = H;
     mp.dn = dn;
     mp.dr = dr;
@@ -222,7 +224,8 @@ int64_t CudaTarget::Impl::upload_inputs(const int32_t* ids_h, int64_t n, const i
       if (visibility ? visibility[i * n + j] != 0 : j <= i) p[3 * n + i * n + k++] = int32_t(j);
     p[2 * n + i] = k;
   }
-  check(cudaMemcpyAsync(in, h_in, size_t(3 * n + n * n) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
+  p[3 * n + n * n] = int32_t(start);
+  check(cudaMemcpyAsync(in, h_in, size_t(3 * n + n * n + 1) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
   return start;
 }
 
@@ -252,7 +255,7 @@ void CudaTarget::forward(const ForwardArgs& a) {
     }
     taps_dev = m.taps;
   }
-  m.run(n, start, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  m.run(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
   const int64_t rows = a.all_logits ? n : 1;
   if (a.logits)
     check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
@@ -321,30 +324,48 @@ double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
   m.upload_inputs(prompt.data(), n, nullptr, nullptr);
   check(cudaStreamSynchronize(m.stream), "upload");
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, 0, false, true, nullptr, nullptr);
+  m.run(n, n, false, true, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
   m.size = n;
   return ms;
 }
 
-std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t steps) {
+void CudaTarget::Impl::decode_step() {
+  int32_t* start = in + 4;  // n = 1: [id | position | key count | key row | start]
+  cuda::causal_setup(in + 1, in + 2, in + 3, start, 1, stream);
+  run(1, cap, false, true, nullptr, nullptr);
+  cuda::argmax_rows(logits, 1, cfg.vocab_size, in, stream);  // the next step's token, on the device
+  cuda::advance(start, 1, stream);
+}
+
+std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t steps, bool graph) {
   Impl& m = *impl_;
-  const ModelConfig& c = m.cfg;
   if (m.size + steps > m.cap) fail("decode benchmark: ", m.size, " + ", steps, " rows exceed the cache (", m.cap, ")");
   m.ensure_rows(1);
-  check(cudaMemcpy(m.in, &first_token, 4, cudaMemcpyHostToDevice), "upload token");
+  const int32_t init[5] = {first_token, 0, 0, 0, int32_t(m.size)};
+  check(cudaMemcpy(m.in, init, sizeof(init), cudaMemcpyHostToDevice), "upload token");
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    // The whole step (≈ 20 kernels a layer) as one graph: the launch gaps go, the work stays.
+    check(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    m.decode_step();
+    check(cudaStreamEndCapture(m.stream, &g), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
+  }
   std::vector<cudaEvent_t> ev(static_cast<size_t>(steps + 1));
   for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
   check(cudaEventRecord(ev[0], m.stream), "cudaEventRecord");
   for (int64_t i = 0; i < steps; ++i) {
-    cuda::causal_setup(m.in + 1, m.in + 2, m.in + 3, m.size, 1, m.stream);
-    m.run(1, m.size, false, true, nullptr, nullptr);
-    cuda::argmax_rows(m.logits, 1, c.vocab_size, m.in, m.stream);  // the next step's token, on the device
-    ++m.size;
+    if (graph)
+      check(cudaGraphLaunch(exec, m.stream), "cudaGraphLaunch");
+    else
+      m.decode_step();
     check(cudaEventRecord(ev[size_t(i + 1)], m.stream), "cudaEventRecord");
   }
   check(cudaStreamSynchronize(m.stream), "decode");
+  m.size += steps;
   std::vector<double> ms;
   for (int64_t i = 0; i < steps; ++i) {
     float t = 0;
@@ -352,6 +373,8 @@ std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t ste
     ms.push_back(double(t));
   }
   for (auto& e : ev) cudaEventDestroy(e);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (g) cudaGraphDestroy(g);
   int32_t last = 0;
   check(cudaMemcpy(&last, m.in, 4, cudaMemcpyDeviceToHost), "download token");
   if (last < 0) fail("decode benchmark: the logits held a NaN");
@@ -366,7 +389,7 @@ double CudaTarget::timed_verify_ms(const std::vector<int32_t>& ids, const std::v
   const int64_t start = m.upload_inputs(ids.data(), n, positions.data(), visibility.data());
   check(cudaStreamSynchronize(m.stream), "upload");
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, start, true, true, nullptr, nullptr);
+  m.run(n, start + n, true, true, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
   if (distinct) {

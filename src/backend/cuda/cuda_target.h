@@ -47,8 +47,8 @@ class CudaTarget {
   // Benchmark paths: the same forward, timed with CUDA events, logits kept on the device.
   double timed_prefill_ms(const std::vector<int32_t>& prompt);  // resets, then one forward over the prompt
   // n greedy decode steps after the cache's contents, the argmax fed back on the device (no host
-  // round-trip); per-step milliseconds.
-  std::vector<double> timed_decode_ms(int32_t first_token, int64_t steps);
+  // round-trip); per-step milliseconds. graph: each step replays one captured CUDA graph.
+  std::vector<double> timed_decode_ms(int32_t first_token, int64_t steps, bool graph);
   // One uncommitted verify forward over a tree (ids, positions, visibility as ForwardArgs), all
   // logits on the device; milliseconds. distinct_experts (optional): per MoE layer, experts touched.
   double timed_verify_ms(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,

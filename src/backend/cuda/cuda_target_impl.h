@@ -49,7 +49,7 @@ struct CudaTarget::Impl {
   int64_t rows_cap = 0, taps_cap = 0;
   float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
   float *qlat = nullptr, *olat = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
-  int32_t* in = nullptr;  // [ids n | positions n | key counts n | key rows n·n]
+  int32_t* in = nullptr;  // [ids n | positions n | key counts n | key rows n·n | start 1]
   int32_t *chosen = nullptr, *entry_token = nullptr, *entry_slot = nullptr, *n_active = nullptr;
   int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;
   int32_t* h_in = nullptr;  // pinned staging of `in`
@@ -59,7 +59,10 @@ struct CudaTarget::Impl {
   void init_common(int64_t max_tokens);
   void ensure_rows(int64_t n);
   int64_t upload_inputs(const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility);
-  void run(int64_t n, int64_t start, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers, float* taps_dev);
+  // One forward over the n rows staged in `in`; max_keys bounds start + n (attention's smem).
+  void run(int64_t n, int64_t max_keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
+           float* taps_dev);
+  void decode_step();  // n = 1, causal, inputs and start on the device; the argmax becomes the next id
   uint64_t weight_bytes_of(int64_t n, const std::vector<int32_t>* distinct, int64_t logit_rows) const;
   double elapsed_ms();
   void finish_layer_bytes();

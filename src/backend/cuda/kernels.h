@@ -59,10 +59,10 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t 
 void rope_q(float* q, int64_t n, int64_t heads, int64_t head_dim, int64_t off, int64_t half, const float* inv_freq,
             const int32_t* positions, float attn_scaling, cudaStream_t s);
 
-// Latent cache write for n new rows: cache[row0 + i] = bf16([RMSNorm(kv[i, :Lr]) | RoPE(kv[i, Lr:])]).
+// Latent cache write for n new rows: cache[*row0 + i] = bf16([RMSNorm(kv[i, :Lr]) | RoPE(kv[i, Lr:])]).
 void latent_write(const float* kv, int64_t n, int64_t Lr, int64_t dr, const float* norm_w, double eps,
                   const float* inv_freq, const int32_t* positions, float attn_scaling, uint16_t* cache_layer,
-                  int64_t row0, cudaStream_t s);
+                  const int32_t* row0, cudaStream_t s);
 
 // Absorbed MLA attention for n new rows over a bf16 latent cache [rows, Lr + dr]. Row i attends to
 // cache rows 0 … start−1, then the new rows vis_rows[i · n + 0 … vis_cnt[i]) (offsets from start,
@@ -75,7 +75,9 @@ struct MlaParams {
   const int32_t* vis_cnt = nullptr;   // [n]
   float* out = nullptr;               // [n, H × dv]
   float* qlat = nullptr, *olat = nullptr;  // work: [n, H, Lr] each
-  int64_t n = 0, start = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
+  const int32_t* start = nullptr;     // [1] committed rows (on the device, so a captured graph replays)
+  int64_t max_keys = 0;               // bound on start + n (sizes the shared score buffer)
+  int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
 };
 void mla_attention(const MlaParams& p, cudaStream_t s);
@@ -115,9 +117,11 @@ void argmax_rows(const float* logits, int64_t rows, int64_t V, int32_t* out, cud
 void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, int64_t dim, int64_t start,
                   const int32_t* keep, int64_t n_keep, cudaStream_t s);
 
-// The causal key lists of n new rows after `start` committed ones: positions start + i, row i sees
+// The causal key lists of n new rows after *start committed ones: positions *start + i, row i sees
 // new rows 0 … i (device-side, so a decode loop needs no host upload per step).
-void causal_setup(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, int64_t start, int64_t n, cudaStream_t s);
+void causal_setup(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, const int32_t* start, int64_t n, cudaStream_t s);
+// *counter += by (a captured decode step advances its own start).
+void advance(int32_t* counter, int32_t by, cudaStream_t s);
 
 // Seeded uniform random fill (benchmarks): bf16 values in [−a, a); words with random bits.
 void fill_bf16(uint16_t* p, int64_t n, float a, uint64_t seed, cudaStream_t s);

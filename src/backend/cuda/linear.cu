@@ -29,6 +29,9 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
 #pragma unroll
     for (int r = 0; r < R; ++r)
       wp[r] = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(wbase) + min(row0 + r, nrows - 1) * cols);
+    // Unrolled so several iterations' weight loads are in flight per warp: a narrow matrix (kv_a's
+    // 576 rows, the router's 384) has too few warps to hide memory latency otherwise.
+#pragma unroll 4
     for (int64_t c = lane; c < nch; c += 32) {
       uint4 wv[R];
 #pragma unroll
@@ -63,6 +66,7 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
       wp[r] = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(wbase) + row * words);
       sp[r] = sbase + row * nch;
     }
+#pragma unroll 2
     for (int64_t c = lane; c < nch; c += 32) {
       uint4 wv[R];
       float sc[R];

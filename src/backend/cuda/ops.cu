@@ -57,7 +57,8 @@ __global__ void rope_q_kernel(float* q, int64_t n, int64_t heads, int64_t head_d
 
 __global__ void latent_write_kernel(const float* kv, int64_t Lr, int64_t dr, const float* norm_w, double eps,
                                     const float* inv_freq, const int32_t* positions, float scaling, uint16_t* cache,
-                                    int64_t row0) {
+                                    const int32_t* row0_dev) {
+  const int64_t row0 = *row0_dev;
   __shared__ double sh[32];
   const int64_t i = blockIdx.x, D = Lr + dr;
   const float* x = kv + i * D;
@@ -288,7 +289,8 @@ __global__ void compact_kernel(uint16_t* cache, int64_t layers, int64_t stride, 
   }
 }
 
-__global__ void causal_kernel(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, int64_t start, int64_t n) {
+__global__ void causal_kernel(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, const int32_t* start_dev, int64_t n) {
+  const int64_t start = *start_dev;
   for (int64_t t = threadIdx.x; t < n * n; t += blockDim.x) {
     const int64_t i = t / n, j = t % n;
     vis_rows[t] = int32_t(j);
@@ -353,7 +355,7 @@ void rope_q(float* q, int64_t n, int64_t heads, int64_t head_dim, int64_t off, i
 }
 
 void latent_write(const float* kv, int64_t n, int64_t Lr, int64_t dr, const float* norm_w, double eps, const float* inv_freq,
-                  const int32_t* positions, float attn_scaling, uint16_t* cache_layer, int64_t row0, cudaStream_t s) {
+                  const int32_t* positions, float attn_scaling, uint16_t* cache_layer, const int32_t* row0, cudaStream_t s) {
   latent_write_kernel<<<unsigned(n), 256, 0, s>>>(kv, Lr, dr, norm_w, eps, inv_freq, positions, attn_scaling, cache_layer, row0);
   check_launch("latent_write");
 }
@@ -389,9 +391,15 @@ void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, i
   check_launch("compact");
 }
 
-void causal_setup(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, int64_t start, int64_t n, cudaStream_t s) {
+void causal_setup(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, const int32_t* start, int64_t n, cudaStream_t s) {
   causal_kernel<<<1, 256, 0, s>>>(positions, vis_cnt, vis_rows, start, n);
   check_launch("causal_setup");
+}
+
+__global__ void advance_kernel(int32_t* c, int32_t by) { *c += by; }
+void advance(int32_t* counter, int32_t by, cudaStream_t s) {
+  advance_kernel<<<1, 1, 0, s>>>(counter, by);
+  check_launch("advance");
 }
 
 void fill_bf16(uint16_t* p, int64_t n, float a, uint64_t seed, cudaStream_t s) {
