@@ -15,10 +15,11 @@ namespace {
 constexpr int kWarps = 4;  // warps per block: small blocks keep many in flight on 132 SMs
 
 // acc[m][r] = Σ_k x_m[k] · W[row0 + r, k] in the fixed lane/chunk order, per lane (not yet reduced).
+// Chunks c0, c0 + cstep, … of the row (c0 = lane, cstep = 32 unless the K dimension is split).
 template <bool INT4, int R, int MT>
 __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbase, int64_t cols, int64_t row0,
                                          int64_t nrows, const float* const (&xs)[MT], int mcount, float (&acc)[MT][R],
-                                         int lane) {
+                                         int64_t c0, int64_t cstep) {
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -32,7 +33,7 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
     // Unrolled so several iterations' weight loads are in flight per warp: a narrow matrix (kv_a's
     // 576 rows, the router's 384) has too few warps to hide memory latency otherwise.
 #pragma unroll 4
-    for (int64_t c = lane; c < nch; c += 32) {
+    for (int64_t c = c0; c < nch; c += cstep) {
       uint4 wv[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) wv[r] = __ldg(wp[r] + c);
@@ -67,7 +68,7 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
       sp[r] = sbase + row * nch;
     }
 #pragma unroll 2
-    for (int64_t c = lane; c < nch; c += 32) {
+    for (int64_t c = c0; c < nch; c += cstep) {
       uint4 wv[R];
       float sc[R];
 #pragma unroll
@@ -112,14 +113,10 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
   }
 }
 
+// Epilogue of reduced sums (called by one thread).
 template <int R, int MT>
-__device__ __forceinline__ void finish(float (&acc)[MT][R], int mcount, int64_t row0, int64_t nrows, float* const (&ys)[MT],
-                                       int ep, int lane) {
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
-  if (lane != 0) return;
+__device__ __forceinline__ void store(const float (&acc)[MT][R], int mcount, int64_t row0, int64_t nrows, float* const (&ys)[MT],
+                                      int ep) {
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
     if (m >= mcount) break;
@@ -144,12 +141,26 @@ __device__ __forceinline__ void finish(float (&acc)[MT][R], int mcount, int64_t 
   }
 }
 
-// grid (ceil(rows / (kWarps·R)), ceil(M / MT)).
-template <bool INT4, int R, int MT>
+template <int R, int MT>
+__device__ __forceinline__ void finish(float (&acc)[MT][R], int mcount, int64_t row0, int64_t nrows, float* const (&ys)[MT],
+                                       int ep, int lane) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+  if (lane == 0) store<R, MT>(acc, mcount, row0, nrows, ys, ep);
+}
+
+// grid (ceil(rows / (kWarps·R)), ceil(M / MT)); KS = kWarps: the block's warps split one row
+// group's chunks (interleaved) and their partial sums are added in warp order — for matrices
+// with few rows (q_a, kv_a, the router), which otherwise leave most SMs idle. Whether a matrix is
+// split depends on its shape only, never on M (row invariance).
+template <bool INT4, int R, int MT, int KS>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx, int64_t M,
                                                            float* y, int64_t ldy, int ep) {
+  static_assert(KS == 1 || KS == kWarps, "split across the whole block or not at all");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  const int64_t row0 = KS == 1 ? (int64_t(blockIdx.x) * kWarps + warp) * R : int64_t(blockIdx.x) * R;
   if (row0 >= w.rows) return;
   const int64_t m0 = int64_t(blockIdx.y) * MT;
   const int mcount = int(M - m0 < MT ? M - m0 : int64_t(MT));
@@ -162,8 +173,32 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DevMatrix w, const 
     ys[m] = y + row * ldy;
   }
   float acc[MT][R];
-  warp_dot<INT4, R, MT>(w.w, w.scales, w.cols, row0, w.rows, xs, mcount, acc, lane);
-  finish<R, MT>(acc, mcount, row0, w.rows, ys, ep, lane);
+  if constexpr (KS == 1) {
+    warp_dot<INT4, R, MT>(w.w, w.scales, w.cols, row0, w.rows, xs, mcount, acc, lane, 32);
+    finish<R, MT>(acc, mcount, row0, w.rows, ys, ep, lane);
+  } else {
+    __shared__ float part[KS][MT][R];
+    warp_dot<INT4, R, MT>(w.w, w.scales, w.cols, row0, w.rows, xs, mcount, acc, lane + 32 * warp, 32 * KS);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = warp_sum(acc[m][r]);
+        if (lane == 0) part[warp][m][r] = v;
+      }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float t = part[0][m][r];
+#pragma unroll
+        for (int k = 1; k < KS; ++k) t = __fadd_rn(t, part[k][m][r]);
+        acc[m][r] = t;
+      }
+    store<R, MT>(acc, mcount, row0, w.rows, ys, ep);
+  }
 }
 
 // grid (ceil(rows / (kWarps·R)), max_active): block y serves the y-th active expert, all its rows
@@ -191,7 +226,7 @@ __global__ void __launch_bounds__(kWarps * 32) expert_kernel(ExpertBatch b, cons
       ys[m] = y + int64_t(b.out_row[j]) * ldy;
     }
     float acc[MT][R];
-    warp_dot<INT4, R, MT>(wbase, sbase, b.w.cols, row0, b.w.rows, xs, mcount, acc, lane);
+    warp_dot<INT4, R, MT>(wbase, sbase, b.w.cols, row0, b.w.rows, xs, mcount, acc, lane, 32);
     finish<R, MT>(acc, mcount, row0, b.w.rows, ys, ep, lane);
   }
 }
@@ -204,25 +239,33 @@ void check_shape(const DevMatrix& w, const float* x, int64_t ldx, const char* wh
 
 }  // namespace
 
+template <bool INT4, int R>
+void launch_linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  const dim3 block(kWarps * 32);
+  const unsigned my = unsigned((M + 7) / 8);
+  // Split K when the matrix has too few row groups to fill the GPU twice over (a shape rule).
+  if (w.rows <= 4096) {
+    const unsigned gx = unsigned((w.rows + R - 1) / R);
+    if (M == 1)
+      linear_kernel<INT4, R, 1, kWarps><<<dim3(gx, 1), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+    else
+      linear_kernel<INT4, R, 8, kWarps><<<dim3(gx, my), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+  } else {
+    const unsigned gx = unsigned((w.rows + kWarps * R - 1) / (kWarps * R));
+    if (M == 1)
+      linear_kernel<INT4, R, 1, 1><<<dim3(gx, 1), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+    else
+      linear_kernel<INT4, R, 8, 1><<<dim3(gx, my), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+  }
+}
+
 void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   if (M <= 0 || w.rows <= 0) return;
   check_shape(w, x, ldx, "linear");
-  const dim3 block(kWarps * 32);
-  if (w.int4) {
-    constexpr int R = 4;
-    const unsigned gx = unsigned((w.rows + kWarps * R - 1) / (kWarps * R));
-    if (M == 1)
-      linear_kernel<true, R, 1><<<dim3(gx, 1), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
-    else
-      linear_kernel<true, R, 8><<<dim3(gx, unsigned((M + 7) / 8)), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
-  } else {
-    constexpr int R = 2;
-    const unsigned gx = unsigned((w.rows + kWarps * R - 1) / (kWarps * R));
-    if (M == 1)
-      linear_kernel<false, R, 1><<<dim3(gx, 1), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
-    else
-      linear_kernel<false, R, 8><<<dim3(gx, unsigned((M + 7) / 8)), block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
-  }
+  if (w.int4)
+    launch_linear<true, 4>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    launch_linear<false, 2>(w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear");
 }
 
