@@ -19,12 +19,6 @@ __device__ __forceinline__ uint16_t f_bf16(float f) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Nibble i of q as the exact float (n − 8): the bits 0x4B000000 | n are the float 2^23 + n, and
-// subtracting 2^23 + 8 is exact — a shift, a LOP3 and an FADD instead of an integer conversion.
-__device__ __forceinline__ float nib(uint32_t q, int i) {
-  return __uint_as_float(0x4B000000u | ((q >> (4 * i)) & 0xFu)) - 8388616.0f;
-}
-
 // Butterfly sum: every lane ends with the same bits (a + b == b + a in IEEE arithmetic).
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {

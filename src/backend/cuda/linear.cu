@@ -67,15 +67,30 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
       wp[r] = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(wbase) + row * words);
       sp[r] = sbase + row * nch;
     }
-#pragma unroll 2
+    // Register double buffer: the next chunk's weights are in flight while this one is unpacked.
+    uint4 nw[R];
+    uint16_t ns[R];
+    if (c0 < nch)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        nw[r] = __ldg(wp[r] + c0);
+        ns[r] = __ldg(sp[r] + c0);
+      }
+#pragma unroll 1
     for (int64_t c = c0; c < nch; c += cstep) {
       uint4 wv[R];
       float sc[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        wv[r] = __ldg(wp[r] + c);
-        sc[r] = bf16_f(__ldg(sp[r] + c));
+        wv[r] = nw[r];
+        sc[r] = bf16_f(ns[r]);
       }
+      if (c + cstep < nch)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          nw[r] = __ldg(wp[r] + c + cstep);
+          ns[r] = __ldg(sp[r] + c + cstep);
+        }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         if (m >= mcount) break;
