@@ -34,17 +34,11 @@ __global__ void __launch_bounds__(128) qlat_kernel(MlaParams p) {
   if (l2 >= Lr / 2) return;
   const uint32_t* w = reinterpret_cast<const uint32_t*>(p.kv_b + h * (dn + p.dv) * Lr) + l2;
   float a0 = 0.0f, a1 = 0.0f;
-  // Batches of 16 loads issued before their multiply-adds: enough bytes in flight with one block an SM.
-  for (int64_t d0 = 0; d0 < dn; d0 += 16) {
-    uint32_t v[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) v[k] = d0 + k < dn ? __ldg(w + (d0 + k) * (Lr / 2)) : 0u;
-#pragma unroll
-    for (int k = 0; k < 16; ++k)
-      if (d0 + k < dn) {
-        a0 = fmaf(qn[d0 + k], bf16_lo(v[k]), a0);
-        a1 = fmaf(qn[d0 + k], bf16_hi(v[k]), a1);
-      }
+#pragma unroll 32
+  for (int64_t d = 0; d < dn; ++d) {
+    const uint32_t v = __ldg(w + d * (Lr / 2));
+    a0 = fmaf(qn[d], bf16_lo(v), a0);
+    a1 = fmaf(qn[d], bf16_hi(v), a1);
   }
   p.qlat[ih * Lr + 2 * l2] = a0;
   p.qlat[ih * Lr + 2 * l2 + 1] = a1;

@@ -95,33 +95,36 @@ __device__ __forceinline__ void warp_dot(const void* wbase, const uint16_t* sbas
       for (int m = 0; m < MT; ++m) {
         if (m >= mcount) break;
         const float4* xp = reinterpret_cast<const float4*>(xs[m] + c * 32);
-        float xv[32];
+        // x · 2^80 (exact) and Σx of the group, ascending: shared by the R rows below.
+        float xv[32], xsum = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float4 v = xp[j];
-          xv[4 * j] = v.x;
-          xv[4 * j + 1] = v.y;
-          xv[4 * j + 2] = v.z;
-          xv[4 * j + 3] = v.w;
+          xsum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(xsum, v.x), v.y), v.z), v.w);
+          xv[4 * j] = __fmul_rn(v.x, 0x1p80f);
+          xv[4 * j + 1] = __fmul_rn(v.y, 0x1p80f);
+          xv[4 * j + 2] = __fmul_rn(v.z, 0x1p80f);
+          xv[4 * j + 3] = __fmul_rn(v.w, 0x1p80f);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const uint32_t q[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-          float g = 0.0f;  // the group's Σ (n − 8)·x, then one multiply by its scale
+          // Σ n·x with the nibble n used as the denormal float n·2^-149 (its bits are just n): one
+          // PRMT and one FFMA a weight. n·2^-149 × x·2^80 = n·x·2^-69 is exact inside the FMA and
+          // stays a normal float for |x| > 2^-57 (smaller activations contribute nothing).
+          float g = 0.0f;
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            // Even nibbles in the bytes of lo, odd ones in hi; PRMT places a byte under the
-            // exponent 0x4B (2^23 + n), so a nibble costs PRMT + FADD instead of SHF + LOP3 + FADD.
-            const uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;
+            const uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;  // even / odd nibbles
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-              const float n0 = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7650u + b)) - 8388616.0f;
-              const float n1 = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7650u + b)) - 8388616.0f;
-              g = fmaf(n0, xv[8 * j + 2 * b], g);
-              g = fmaf(n1, xv[8 * j + 2 * b + 1], g);
+              g = fmaf(__uint_as_float(__byte_perm(lo, 0u, 0x4440u + b)), xv[8 * j + 2 * b], g);
+              g = fmaf(__uint_as_float(__byte_perm(hi, 0u, 0x4440u + b)), xv[8 * j + 2 * b + 1], g);
             }
           }
-          acc[m][r] = fmaf(sc[r], g, acc[m][r]);
+          // Σ (n − 8)·x = Σ n·x − 8·Σx, then times the group's scale.
+          const float gv = __fsub_rn(__fmul_rn(g, 0x1p69f), __fmul_rn(8.0f, xsum));
+          acc[m][r] = fmaf(sc[r], gv, acc[m][r]);
         }
       }
     }
