@@ -22,26 +22,40 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kMaxSmem = 227 * 1024;  // Hopper's per-block opt-in limit
 
-// q_lat[i, h, :] = W_UKᵀ q_nope[i, h]: grid (n·H, ceil(Lr / 256)), 128 threads, each two adjacent
-// latent values (bf16x2 loads coalesced across the warp), d ascending.
-__global__ void __launch_bounds__(128) qlat_kernel(MlaParams p) {
+// q_lat[i, h, :] = W_UKᵀ q_nope[i, h]: grid (n·H, ceil(Lr / 128)), 256 threads = 64 latent pairs
+// (bf16x2 loads coalesced across the warp) × 4 quarters of d, whose partial sums are added in
+// quarter order — a split fixed by the shape, so rows stay invariant; 4× the loads in flight.
+__global__ void __launch_bounds__(256) qlat_kernel(MlaParams p) {
   __shared__ float qn[512];
+  __shared__ float2 part[4][64];
   const int64_t ih = blockIdx.x, h = ih % p.H, Lr = p.Lr, dn = p.dn;
   const float* qi = p.q + ih * (dn + p.dr);
-  for (int64_t d = threadIdx.x; d < dn; d += 128) qn[d] = qi[d];
+  for (int64_t d = threadIdx.x; d < dn; d += 256) qn[d] = qi[d];
   __syncthreads();
-  const int64_t l2 = int64_t(blockIdx.y) * 128 + threadIdx.x;  // latent pair
-  if (l2 >= Lr / 2) return;
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(p.kv_b + h * (dn + p.dv) * Lr) + l2;
+  const int quarter = threadIdx.x >> 6, j = threadIdx.x & 63;
+  const int64_t l2 = int64_t(blockIdx.y) * 64 + j;  // latent pair
+  const int64_t d0 = quarter * ((dn + 3) / 4), d1 = min(dn, d0 + (dn + 3) / 4);
   float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll 32
-  for (int64_t d = 0; d < dn; ++d) {
-    const uint32_t v = __ldg(w + d * (Lr / 2));
-    a0 = fmaf(qn[d], bf16_lo(v), a0);
-    a1 = fmaf(qn[d], bf16_hi(v), a1);
+  if (l2 < Lr / 2) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p.kv_b + h * (dn + p.dv) * Lr) + l2;
+#pragma unroll 16
+    for (int64_t d = d0; d < d1; ++d) {
+      const uint32_t v = __ldg(w + d * (Lr / 2));
+      a0 = fmaf(qn[d], bf16_lo(v), a0);
+      a1 = fmaf(qn[d], bf16_hi(v), a1);
+    }
   }
-  p.qlat[ih * Lr + 2 * l2] = a0;
-  p.qlat[ih * Lr + 2 * l2 + 1] = a1;
+  part[quarter][j] = make_float2(a0, a1);
+  __syncthreads();
+  if (quarter != 0 || l2 >= Lr / 2) return;
+  float2 t = part[0][j];
+#pragma unroll
+  for (int k = 1; k < 4; ++k) {
+    t.x = __fadd_rn(t.x, part[k][j].x);
+    t.y = __fadd_rn(t.y, part[k][j].y);
+  }
+  p.qlat[ih * Lr + 2 * l2] = t.x;
+  p.qlat[ih * Lr + 2 * l2 + 1] = t.y;
 }
 
 // Scores, softmax and o_lat for one (row, head). Shared: q_lat [Lr] | q_pe [dr] | red [32] | p [len].
@@ -94,12 +108,17 @@ __global__ void __launch_bounds__(kThreads) mla_core_kernel(MlaParams p) {
   for (int64_t t = tid; t < len; t += kThreads) prob[t] = __fdiv_rn(prob[t], sum);
   __syncthreads();
 
-  // o_lat: one thread per latent value, keys in list order (coalesced across threads).
-  for (int64_t l = tid; l < Lr; l += kThreads) {
-    float acc = 0.0f;
+  // o_lat: one thread per pair of latent values (bf16x2 loads), keys in list order.
+  for (int64_t l2 = tid; l2 < Lr / 2; l2 += kThreads) {
+    float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll 8
-    for (int64_t t = 0; t < len; ++t) acc = fmaf(prob[t], bf16_f(p.cache[key_row(t) * D + l]), acc);
-    p.olat[ih * Lr + l] = acc;
+    for (int64_t t = 0; t < len; ++t) {
+      const uint32_t v = reinterpret_cast<const uint32_t*>(p.cache + key_row(t) * D)[l2];
+      a0 = fmaf(prob[t], bf16_lo(v), a0);
+      a1 = fmaf(prob[t], bf16_hi(v), a1);
+    }
+    p.olat[ih * Lr + 2 * l2] = a0;
+    p.olat[ih * Lr + 2 * l2 + 1] = a1;
   }
 }
 
@@ -140,7 +159,7 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
           "cudaFuncSetAttribute(mla_core_kernel)");
     raised = true;
   }
-  qlat_kernel<<<dim3(unsigned(p.n * p.H), unsigned((p.Lr / 2 + 127) / 128)), 128, 0, s>>>(p);
+  qlat_kernel<<<dim3(unsigned(p.n * p.H), unsigned((p.Lr / 2 + 63) / 64)), 256, 0, s>>>(p);
   check_launch("mla qlat");
   mla_core_kernel<<<dim3(unsigned(p.n), unsigned(p.H)), kThreads, smem_bytes(p.Lr, p.dr, len_max), s>>>(p);
   check_launch("mla core");

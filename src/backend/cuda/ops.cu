@@ -31,9 +31,11 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* w, int6
   const float* xr = x + int64_t(blockIdx.x) * ldx;
   float* o = out + int64_t(blockIdx.x) * ldo;
   double ss = 0;
+#pragma unroll 8
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * double(xr[i]);
   ss = block_sum(ss, sh);
   const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
+#pragma unroll 8
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __fmul_rn(w[i], __fmul_rn(xr[i], inv));
 }
 
@@ -88,6 +90,7 @@ __global__ void route_kernel(const float* logits, const float* bias, RouteParams
   float* taken = sm + 2 * E;
   float* gscore = sm + 3 * E;
   const float* lg = logits + int64_t(blockIdx.x) * E;
+#pragma unroll 4
   for (int e = lane; e < E; e += 32) {
     const float s = 1.0f / (1.0f + expf(-lg[e]));
     score[e] = s;
