@@ -33,6 +33,9 @@ CudaTarget::Impl::~Impl() {
   if (h_in) cudaFreeHost(h_in);
   if (ev0) cudaEventDestroy(ev0);
   if (ev1) cudaEventDestroy(ev1);
+  if (fork) cudaEventDestroy(fork);
+  if (join) cudaEventDestroy(join);
+  if (side) cudaStreamDestroy(side);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -49,6 +52,9 @@ void CudaTarget::Impl::init_common(int64_t max_tokens) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaEventCreate(&ev0), "cudaEventCreate");
   check(cudaEventCreate(&ev1), "cudaEventCreate");
+  check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreate");
   cap = std::min(max_tokens, c.max_position_embeddings);
   if (cap < 1) fail("CUDA target: the cache must hold at least one token");
   D = c.latent_dim();
@@ -120,12 +126,18 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
     const DevLayer& L = layers[size_t(l)];
     uint16_t* cache_l = cache + l * cap * D;
     cuda::rmsnorm(x, hid, L.attn_norm, n, hid, c.rms_norm_eps, xn, hid, s);
+    // The latent path (kv_a, cache write) and the query path only meet in attention: two streams,
+    // so the small, latency-bound kernels of one overlap the other (captured graphs keep the fork).
+    check(cudaEventRecord(fork, s), "fork");
+    check(cudaStreamWaitEvent(side, fork), "fork");
+    cuda::linear(L.kv_a, xn, hid, n, kv, D, Epilogue::store, side);
+    cuda::latent_write(kv, n, Lr, dr, L.kv_a_norm, c.latent_norm_eps, inv_freq, pos, rope_scaling, cache_l, start, side);
+    check(cudaEventRecord(join, side), "join");
     cuda::linear(L.q_a, xn, hid, n, cq, qr, Epilogue::store, s);
     cuda::rmsnorm(cq, qr, L.q_a_norm, n, qr, c.latent_norm_eps, cq, qr, s);
     cuda::linear(L.q_b, cq, qr, n, q, H * qk, Epilogue::store, s);
     cuda::rope_q(q, n, H, qk, dn, dr / 2, inv_freq, pos, rope_scaling, s);
-    cuda::linear(L.kv_a, xn, hid, n, kv, D, Epilogue::store, s);
-    cuda::latent_write(kv, n, Lr, dr, L.kv_a_norm, c.latent_norm_eps, inv_freq, pos, rope_scaling, cache_l, start, s);
+    check(cudaStreamWaitEvent(s, join), "join");
     cuda::MlaParams mp;
     mp.q = q;
     mp.kv_b = static_cast<const uint16_t*>(L.kv_b.w);
@@ -151,6 +163,15 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
       cuda::linear(L.dense_gu, xn, hid, n, h, c.intermediate_size, Epilogue::swiglu, s);
       cuda::linear(L.dense_down, h, c.intermediate_size, n, x, hid, Epilogue::add, s);
     } else {
+      // Shared experts on the side stream, overlapping the router → dispatch → routed-expert chain.
+      const int64_t si = mi * c.n_shared_experts;
+      if (L.has_shared) {
+        check(cudaEventRecord(fork, s), "fork");
+        check(cudaStreamWaitEvent(side, fork), "fork");
+        cuda::linear(L.sh_gu, xn, hid, n, h2, si, Epilogue::swiglu, side);
+        cuda::linear(L.sh_down, h2, si, n, sh, hid, Epilogue::store, side);
+        check(cudaEventRecord(join, side), "join");
+      }
       cuda::linear(L.router, xn, hid, n, rl, E, Epilogue::store, s);
       cuda::RouteParams rp;
       rp.E = E;
@@ -181,11 +202,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
       dw.scale_stride_elems = L.down_scale_stride;
       dw.in_row = entry_slot;
       cuda::expert_linear(dw, h, mi, ys, hid, Epilogue::store, s);
-      const int64_t si = mi * c.n_shared_experts;
-      if (L.has_shared) {
-        cuda::linear(L.sh_gu, xn, hid, n, h2, si, Epilogue::swiglu, s);
-        cuda::linear(L.sh_down, h2, si, n, sh, hid, Epilogue::store, s);
-      }
+      if (L.has_shared) check(cudaStreamWaitEvent(s, join), "join");
       cuda::moe_combine(x, ys, wts, L.has_shared ? sh : nullptr, n, K, hid, s);
     }
     // HF's hidden_states[l + 1], which DFlash taps: the residual stream after layer l.

@@ -43,7 +43,8 @@ struct CudaTarget::Impl {
   int64_t cap = 0, size = 0, D = 0;
   float rope_scaling = 1.0f, softmax_scale = 1.0f;
   cudaStream_t stream = nullptr;
-  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  cudaStream_t side = nullptr;  // independent work of a layer (kv path, shared experts) runs here
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr, fork = nullptr, join = nullptr;
 
   // Work buffers for up to rows_cap rows.
   int64_t rows_cap = 0, taps_cap = 0;
