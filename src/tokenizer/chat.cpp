@@ -2,9 +2,13 @@
 // tests/fixtures/chat-templates/, and tests/cli/test_chat_template.py checks the two agree).
 #include "tokenizer/chat.h"
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
+#include "tokenizer/tool_declaration_ts.h"
 
 namespace kd {
 namespace {
@@ -12,34 +16,31 @@ namespace {
 using json = nlohmann::json;
 
 // transformers renders `tools | tojson` as json.dumps(tools, ensure_ascii=False): ", " and ": "
-// separators, non-ASCII kept. Kimi's apply_chat_template deep-sorts dict keys first, which
-// nlohmann::json's std::map objects already are (UTF-8 byte order = code point order).
-void dump_python(const json& j, std::string& out) {
-  if (j.is_object()) {
-    out += '{';
-    bool first = true;
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (!first) out += ", ";
-      first = false;
-      out += json(it.key()).dump(-1, ' ', false);
-      out += ": ";
-      dump_python(it.value(), out);
-    }
-    out += '}';
-  } else if (j.is_array()) {
-    out += '[';
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (i) out += ", ";
-      dump_python(j[i], out);
-    }
-    out += ']';
-  } else {
-    out += j.dump(-1, ' ', false);
+// separators unless the template passes others, non-ASCII kept. Kimi's apply_chat_template
+// deep-sorts dict keys first, which nlohmann::json's std::map objects already are (UTF-8 byte
+// order = code point order).
+void dump_python(const json& j, std::string& out) { dump_python_json(j, out); }
+
+// What distinguishes the Kimi templates (see ChatTemplateKind).
+struct KimiVariant {
+  bool thinking_switch;    // reads `thinking`: false drops current reasoning and prefills <think></think>
+  bool think_prefill;      // the generation prompt opens <think>
+  bool typescript_tools;   // tools_ts_str (compact JSON when the encoder gives none), else spaced JSON
+  bool preserve_thinking;  // reads `preserve_thinking`: true keeps every turn's reasoning
+};
+
+KimiVariant kimi_variant(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kimi_k2_thinking: return {false, false, false, false};
+    case ChatTemplateKind::kimi_k25: return {true, true, true, false};
+    case ChatTemplateKind::kimi_k26: return {true, true, true, true};
+    default: return {true, true, false, false};
   }
 }
 
-// Kimi K2-Thinking's chat_template with K2.5's `thinking` switch (tests/fixtures/chat-templates/kimi-k2.jinja).
-std::string render_kimi(const std::vector<ChatMessage>& msgs, const ChatOptions& opts, const json& tools) {
+// Kimi's chat templates: K2-Thinking's (moonshotai-Kimi-K2-Thinking.jinja) and the variants that add
+// switches to it (kimi-k2.jinja, kimi-k25.jinja, kimi-k26.jinja).
+std::string render_kimi(const KimiVariant& v, const std::vector<ChatMessage>& msgs, const ChatOptions& opts, const json& tools) {
   std::string out;
   // Messages up to the last assistant turn without tool calls are history: their reasoning is
   // dropped (<think></think>); later ones (the current agent loop) keep reasoning_content.
@@ -49,14 +50,22 @@ std::string render_kimi(const std::vector<ChatMessage>& msgs, const ChatOptions&
       last_plain_assistant = i;
       break;
     }
+  if (opts.preserve_thinking.value_or(false)) last_plain_assistant = -1;  // every turn is "current"
   if (!tools.empty()) {
     out += "<|im_system|>tool_declare<|im_middle|>";
-    dump_python(tools, out);
+    std::optional<std::string> ts;
+    if (v.typescript_tools) ts = encode_tools_typescript(tools);
+    if (ts && !ts->empty())
+      out += *ts;
+    else if (v.typescript_tools)
+      dump_python_json(tools, out, ",", ":");  // the encoder raised or found no function: JSON instead
+    else
+      dump_python(tools, out);
     out += "<|im_end|>";
   }
   if (msgs.empty() || msgs[0].role != "system")
     out += "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>";
-  const bool thinking_off = opts.thinking.has_value() && !*opts.thinking;
+  const bool thinking_off = v.thinking_switch && opts.thinking.has_value() && !*opts.thinking;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     const std::string& role_name = m.name.empty() ? m.role : m.name;
@@ -82,7 +91,13 @@ std::string render_kimi(const std::vector<ChatMessage>& msgs, const ChatOptions&
     }
     out += "<|im_end|>";
   }
-  if (opts.add_generation_prompt) out += thinking_off ? "<|im_assistant|>assistant<|im_middle|><think></think>" : "<|im_assistant|>assistant<|im_middle|><think>";
+  if (opts.add_generation_prompt) {
+    out += "<|im_assistant|>assistant<|im_middle|>";
+    if (thinking_off)
+      out += "<think></think>";
+    else if (v.think_prefill)
+      out += "<think>";
+  }
   return out;
 }
 
@@ -153,29 +168,49 @@ std::string render_chat(ChatTemplateKind kind, const std::vector<ChatMessage>& m
     }
     if (!tools.is_array()) fail("tools: expected a JSON array of tool definitions");
   }
-  switch (kind) {
-    case ChatTemplateKind::kimi: return render_kimi(messages, opts, tools);
-    case ChatTemplateKind::deepseek_v3: return render_deepseek_v3(messages, opts);
-  }
-  fail("unknown chat template kind");
+  const char* name = chat_template_kind_name(kind);
+  if (opts.preserve_thinking.has_value() && kind != ChatTemplateKind::kimi_k26)
+    fail("preserve_thinking: the ", name, " chat template has no such option (kimi-k26 has)");
+  if (opts.thinking.has_value() && kind == ChatTemplateKind::kimi_k2_thinking)
+    fail("thinking: the ", name, " chat template has no thinking switch (kimi, kimi-k25 and kimi-k26 have)");
+  if (kind == ChatTemplateKind::deepseek_v3) return render_deepseek_v3(messages, opts);
+  return render_kimi(kimi_variant(kind), messages, opts, tools);
 }
 
 std::vector<std::string> chat_stop_tokens(ChatTemplateKind kind) {
-  switch (kind) {
-    case ChatTemplateKind::kimi: return {"<|im_end|>", "[EOS]", "[EOT]"};  // SPEC-MODEL.md §4: 163586, 163585, 163593
-    case ChatTemplateKind::deepseek_v3: return {"<｜end▁of▁sentence｜>"};
-  }
-  return {};
+  if (kind == ChatTemplateKind::deepseek_v3) return {"<｜end▁of▁sentence｜>"};
+  return {"<|im_end|>", "[EOS]", "[EOT]"};  // every Kimi kind; SPEC-MODEL.md §4: 163586, 163585, 163593
 }
 
+namespace {
+
+struct KindName {
+  ChatTemplateKind kind;
+  const char* name;
+};
+constexpr KindName kKindNames[] = {{ChatTemplateKind::kimi, "kimi"},
+                                   {ChatTemplateKind::kimi_k2_thinking, "kimi-k2-thinking"},
+                                   {ChatTemplateKind::kimi_k25, "kimi-k25"},
+                                   {ChatTemplateKind::kimi_k26, "kimi-k26"},
+                                   {ChatTemplateKind::deepseek_v3, "deepseek-v3"}};
+
+}  // namespace
+
+const char* const kChatTemplateNames = "kimi|kimi-k2-thinking|kimi-k25|kimi-k26|deepseek-v3";
+
 ChatTemplateKind chat_template_kind_from_name(std::string_view name) {
-  if (name == "kimi") return ChatTemplateKind::kimi;
-  if (name == "deepseek-v3" || name == "deepseek_v3") return ChatTemplateKind::deepseek_v3;
-  fail("unknown chat template '", name, "' (known: kimi, deepseek-v3)");
+  std::string n(name);
+  for (char& c : n)
+    if (c == '_') c = '-';
+  for (const KindName& k : kKindNames)
+    if (n == k.name) return k.kind;
+  fail("unknown chat template '", name, "' (known: ", kChatTemplateNames, ")");
 }
 
 const char* chat_template_kind_name(ChatTemplateKind kind) {
-  return kind == ChatTemplateKind::kimi ? "kimi" : "deepseek-v3";
+  for (const KindName& k : kKindNames)
+    if (k.kind == kind) return k.name;
+  return "?";
 }
 
 std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
@@ -241,6 +276,113 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
     out.push_back(std::move(msg));
   }
   return out;
+}
+
+}  // namespace kd
+
+namespace kd {
+namespace {
+
+// FNV-1a of the template text with CRLF read as LF and trailing whitespace dropped: how a template
+// is stored (chat_template.jinja, a JSON string) may differ only there. Anything else in a Jinja
+// template can change what it renders, so nothing else is normalised.
+uint64_t template_hash(std::string_view text) {
+  std::string t;
+  t.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!(text[i] == '\r' && i + 1 < text.size() && text[i + 1] == '\n')) t += text[i];
+  while (!t.empty() && std::string_view(" \t\n\r\f\v").find(t.back()) != std::string_view::npos) t.pop_back();
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : t) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The templates in tests/fixtures/chat-templates/ (test_chat_template.py checks these hashes
+// against the files, so a changed fixture cannot silently stop being recognised).
+struct KnownTemplate {
+  uint64_t hash;
+  ChatTemplateKind kind;
+  const char* file;
+};
+constexpr KnownTemplate kKnown[] = {
+    {0xaafa7d2fab38eaceull, ChatTemplateKind::kimi_k2_thinking, "moonshotai-Kimi-K2-Thinking.jinja"},
+    {0x650ff34356db4c38ull, ChatTemplateKind::kimi, "kimi-k2.jinja"},
+    {0x19cc6b8854420586ull, ChatTemplateKind::kimi_k25, "kimi-k25.jinja"},
+    {0x50b3217c4063f405ull, ChatTemplateKind::kimi_k26, "kimi-k26.jinja"},
+    {0xb9eb54d150716a7dull, ChatTemplateKind::deepseek_v3, "deepseek-v3.jinja"},
+};
+
+bool has(std::string_view text, std::string_view what) { return text.find(what) != std::string_view::npos; }
+
+std::string read_file_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) fail(p.string(), ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+ChatTemplateChoice chat_template_for_text(std::string_view text, std::string_view where) {
+  const uint64_t h = template_hash(text);
+  for (const KnownTemplate& k : kKnown)
+    if (k.hash == h) return {k.kind, ""};
+  auto near = [&](ChatTemplateKind kind, const char* why) {
+    return ChatTemplateChoice{kind, cat(where, ": the chat template is not one kdtree knows byte for byte; rendering it as ",
+                                        chat_template_kind_name(kind), " (", why,
+                                        "). Compare with `kdtree chat-template`, or choose with --template")};
+  };
+  if (has(text, "<|im_middle|>")) {  // Kimi
+    if (has(text, "preserve_thinking")) return near(ChatTemplateKind::kimi_k26, "it reads preserve_thinking");
+    if (has(text, "tools_ts_str")) return near(ChatTemplateKind::kimi_k25, "it reads tools_ts_str");
+    if (has(text, "last_non_tool_call_assistant_msg")) {
+      if (has(text, "thinking is defined")) return near(ChatTemplateKind::kimi, "K2-Thinking's history split with a thinking switch");
+      return near(ChatTemplateKind::kimi_k2_thinking, "K2-Thinking's history split");
+    }
+    fail(where, ": an unrecognised Kimi chat template (K2-Instruct's has no native renderer in kdtree yet); "
+         "choose one with --template ", kChatTemplateNames);
+  }
+  if (has(text, "<｜Assistant｜>")) {  // DeepSeek
+    if (has(text, "<think>") || has(text, "thinking"))
+      fail(where, ": a DeepSeek chat template with thinking (R1 / V3.1 style) that kdtree does not render natively; "
+           "choose one with --template ", kChatTemplateNames);
+    return near(ChatTemplateKind::deepseek_v3, "DeepSeek-V3's markers, no thinking");
+  }
+  fail(where, ": unrecognised chat template; choose one with --template ", kChatTemplateNames);
+}
+
+ChatTemplateChoice chat_template_for_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path jinja = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(jinja)) return chat_template_for_text(read_file_text(jinja), jinja.string());
+  const fs::path cfg_path = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(cfg_path)) {
+    json cfg;
+    try {
+      cfg = json::parse(read_file_text(cfg_path));
+    } catch (const json::parse_error& e) {
+      fail(cfg_path.string(), ": not valid JSON: ", e.what());
+    }
+    if (cfg.is_object() && cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
+      const json& t = cfg["chat_template"];
+      const std::string where = cfg_path.string() + " chat_template";
+      if (t.is_string()) return chat_template_for_text(t.get<std::string>(), where);
+      if (t.is_array()) {  // [{"name": "default", "template": "..."}, ...]
+        for (const json& e : t)
+          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") && e["template"].is_string())
+            return chat_template_for_text(e["template"].get<std::string>(), where + "[default]");
+        fail(where, ": a list of templates without one named \"default\" (choose with --template)");
+      }
+      fail(where, ": expected a string or a list of {name, template}");
+    }
+  }
+  const bool tiktoken = fs::exists(fs::path(dir) / "tiktoken.model");
+  if (!tiktoken && !fs::exists(fs::path(dir) / "tokenizer.json"))
+    fail(dir, ": no chat template and no tokenizer to tell the model family from (choose with --template)");
+  const ChatTemplateKind kind = tiktoken ? ChatTemplateKind::kimi : ChatTemplateKind::deepseek_v3;
+  return {kind, cat(dir, ": no chat template (chat_template.jinja or tokenizer_config.json \"chat_template\"); using ",
+                    chat_template_kind_name(kind), " for its ", tiktoken ? "tiktoken.model" : "tokenizer.json")};
 }
 
 }  // namespace kd

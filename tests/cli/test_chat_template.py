@@ -28,16 +28,17 @@ def deep_sort(x):
     return x
 
 
-def jinja_render(name: str, messages, tools, thinking, add_generation_prompt=True) -> str:
+def jinja_render(name: str, messages, tools, thinking, add_generation_prompt=True, **extra) -> str:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
         x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
     template = env.from_string((TEMPLATES / name).read_text(encoding="utf-8"))
     kwargs = dict(messages=messages, add_generation_prompt=add_generation_prompt, bos_token="<｜begin▁of▁sentence｜>")
     if tools:
-        kwargs["tools"] = deep_sort(tools) if name.startswith("kimi") else tools
+        kwargs["tools"] = deep_sort(tools) if "kimi" in name.lower() else tools
     if thinking is not None:
         kwargs["thinking"] = thinking
+    kwargs.update(extra)  # e.g. tools_ts_str, preserve_thinking (test_chat_tools_ts.py)
     return template.render(**kwargs)
 
 
