@@ -168,3 +168,103 @@ def test_bad_messages_name_the_field(tmp_path):
         p = subprocess.run([str(BIN), "chat-template", "--template", "kimi", "--messages", str(mfile)],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 1 and expect in p.stderr, (body, p.stderr)
+
+
+# --- choosing the template from a checkpoint (chat_template.jinja or tokenizer_config.json) ---
+
+KNOWN = {"moonshotai-Kimi-K2-Thinking.jinja": "kimi-k2-thinking", "kimi-k2.jinja": "kimi",
+         "kimi-k25.jinja": "kimi-k25", "kimi-k26.jinja": "kimi-k26", "deepseek-v3.jinja": "deepseek-v3"}
+PROBE = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a", "reasoning_content": "r"},
+         {"role": "user", "content": "q"}]
+
+
+def render_dir(d, tmp_path, extra=()):
+    mfile = tmp_path / "probe.json"
+    mfile.write_text(json.dumps(PROBE))
+    return subprocess.run([str(BIN), "chat-template", "-m", str(d), "--messages", str(mfile), *extra],
+                          capture_output=True, timeout=30)
+
+
+def checkpoint(tmp_path, files):
+    d = tmp_path / "ckpt"
+    d.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (d / name).write_text(text, encoding="utf-8")
+    return d
+
+
+@pytest.mark.parametrize("how", ["jinja_file", "config_string", "config_list", "crlf"])
+@pytest.mark.parametrize("fixture", list(KNOWN))
+def test_known_templates_are_recognised_exactly(fixture, how, tmp_path):
+    text = (TEMPLATES / fixture).read_text(encoding="utf-8")
+    if how == "jinja_file":
+        files = {"chat_template.jinja": text}
+    elif how == "config_string":
+        files = {"tokenizer_config.json": json.dumps({"chat_template": text.rstrip("\n")})}
+    elif how == "config_list":
+        files = {"tokenizer_config.json": json.dumps({"chat_template": [
+            {"name": "tool_use", "template": "x"}, {"name": "default", "template": text}]})}
+    else:
+        files = {"chat_template.jinja": text.replace("\n", "\r\n")}
+    p = render_dir(checkpoint(tmp_path, files), tmp_path)
+    assert p.returncode == 0 and p.stderr == b"", p.stderr  # no warning: known byte for byte
+    want = jinja_render(fixture, normalise(PROBE), None, None)
+    assert p.stdout.decode() == want
+
+
+@pytest.mark.parametrize("fixture,kind", [("kimi-k25.jinja", "kimi-k25"), ("kimi-k26.jinja", "kimi-k26"),
+                                          ("moonshotai-Kimi-K2-Thinking.jinja", "kimi-k2-thinking"),
+                                          ("kimi-k2.jinja", "kimi"), ("deepseek-v3.jinja", "deepseek-v3")])
+def test_near_templates_render_with_a_warning(fixture, kind, tmp_path):
+    text = "{#- a local edit #}" + (TEMPLATES / fixture).read_text(encoding="utf-8")
+    p = render_dir(checkpoint(tmp_path, {"chat_template.jinja": text}), tmp_path)
+    err = p.stderr.decode()
+    assert p.returncode == 0 and "warning" in err and f"rendering it as {kind}" in err and "--template" in err, err
+    assert p.stdout.decode() == jinja_render(fixture, normalise(PROBE), None, None)  # the comment renders nothing
+
+
+@pytest.mark.parametrize("text,expect", [
+    ((FIXTURES / "chat-templates" / "kimi-k2.jinja").read_text().replace("last_non_tool_call_assistant_msg", "cut"),
+     "unrecognised Kimi chat template"),
+    ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "unrecognised chat template"),
+    ("{{ bos_token }}{% for m in messages %}<｜User｜>{{ m.content }}<｜Assistant｜><think>\n{% endfor %}", "thinking"),
+])
+def test_unknown_templates_are_an_error(text, expect, tmp_path):
+    p = render_dir(checkpoint(tmp_path, {"chat_template.jinja": text}), tmp_path)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and expect in err and "--template" in err, err
+    p = render_dir(tmp_path / "ckpt", tmp_path, ["--template", "kimi"])  # the way out the error names
+    assert p.returncode == 0, p.stderr
+
+
+def test_no_template_falls_back_to_the_tokenizer_family_with_a_warning(tmp_path):
+    p = render_dir(FIXTURES / "tokenizer-kimi-small", tmp_path)
+    assert p.returncode == 0 and b"no chat template" in p.stderr and b"using kimi" in p.stderr, p.stderr
+    assert p.stdout.decode() == jinja_render("kimi-k2.jinja", normalise(PROBE), None, None)
+    ds = checkpoint(tmp_path, {"tokenizer.json": (FIXTURES / "tokenizer-deepseek-small" / "tokenizer.json").read_text()})
+    p = render_dir(ds, tmp_path)
+    assert p.returncode == 0 and b"using deepseek-v3" in p.stderr, p.stderr
+    (ds / "tokenizer.json").unlink()
+    p = render_dir(tmp_path, tmp_path)  # nothing at all
+    assert p.returncode == 1 and b"no chat template and no tokenizer" in p.stderr, p.stderr
+
+
+def test_bad_tokenizer_config_template_field(tmp_path):
+    for cfg, expect in [({"chat_template": 5}, "expected a string or a list"),
+                        ({"chat_template": [{"name": "tool_use", "template": "x"}]}, "named \"default\"")]:
+        p = render_dir(checkpoint(tmp_path, {"tokenizer_config.json": json.dumps(cfg)}), tmp_path)
+        assert p.returncode == 1 and expect in p.stderr.decode() and "tokenizer_config.json" in p.stderr.decode()
+
+
+def test_fixture_hashes_in_the_binary_are_current():
+    """chat.cpp's table of known templates is keyed by a hash of these files; a stale entry would
+    make a fixture 'unknown', which test_known_templates_are_recognised_exactly would catch; this
+    names the file to update."""
+    for fixture in KNOWN:
+        with open(TEMPLATES / fixture, encoding="utf-8", newline="") as f:
+            text = f.read().replace("\r\n", "\n").rstrip(" \t\n\r\f\v")
+        h = 0xcbf29ce484222325
+        for b in text.encode():
+            h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+        src = (REPO / "src" / "tokenizer" / "chat.cpp").read_text(encoding="utf-8")
+        assert f"0x{h:016x}ull" in src, f"update the hash of {fixture} in src/tokenizer/chat.cpp to 0x{h:016x}"
