@@ -347,7 +347,14 @@ ChatTemplateChoice chat_template_for_text(std::string_view text, std::string_vie
     if (has(text, "<think>") || has(text, "thinking"))
       fail(where, ": a DeepSeek chat template with thinking (R1 / V3.1 style) that kdtree does not render natively; "
            "choose one with --template ", kChatTemplateNames);
-    return near(ChatTemplateKind::deepseek_v3, "DeepSeek-V3's markers, no thinking");
+    // DeepSeek-V3's repository has carried several revisions; only the one deepseek-v3.jinja copies
+    // (multiple system prompts joined, </think> stripped) renders the way deepseek_v3 does. The first
+    // revision (no is_first_sp: a newline between tool outputs, tool calls only when content is
+    // null) and V3-0324's (is_last_user: <｜Assistant｜> after every user turn) differ in output.
+    if (!has(text, "is_first_sp") || !has(text, "split('</think>')") || has(text, "is_last_user"))
+      fail(where, ": a DeepSeek-V3 chat template revision kdtree does not render natively (it renders the one with "
+           "is_first_sp and </think> stripping, without is_last_user); choose one with --template ", kChatTemplateNames);
+    return near(ChatTemplateKind::deepseek_v3, "DeepSeek-V3's revision with is_first_sp, no thinking");
   }
   fail(where, ": unrecognised chat template; choose one with --template ", kChatTemplateNames);
 }

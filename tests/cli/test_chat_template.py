@@ -228,6 +228,9 @@ def test_near_templates_render_with_a_warning(fixture, kind, tmp_path):
      "unrecognised Kimi chat template"),
     ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "unrecognised chat template"),
     ("{{ bos_token }}{% for m in messages %}<｜User｜>{{ m.content }}<｜Assistant｜><think>\n{% endfor %}", "thinking"),
+    ((FIXTURES / "chat-templates" / "deepseek-v3.jinja").read_text().replace("is_first_sp=true)", "is_first_sp=true, "
+                                                                              "is_last_user=false)"), "revision"),
+    ((FIXTURES / "chat-templates" / "deepseek-v3.jinja").read_text().replace("is_first_sp", "first_sp"), "revision"),
 ])
 def test_unknown_templates_are_an_error(text, expect, tmp_path):
     p = render_dir(checkpoint(tmp_path, {"chat_template.jinja": text}), tmp_path)
