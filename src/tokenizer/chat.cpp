@@ -75,7 +75,7 @@ std::string render_kimi(const KimiVariant& v, const std::vector<ChatMessage>& ms
     if (m.role == "assistant") {
       const bool history = int64_t(i) <= last_plain_assistant;
       out += "<think>";
-      if (!history && !thinking_off) out += m.reasoning_content;
+      if (!history && !thinking_off) out += m.reasoning_null && m.reasoning_content.empty() ? "None" : m.reasoning_content;
       out += "</think>";
       out += m.content;
       if (!m.tool_calls.empty()) {
@@ -113,6 +113,10 @@ std::string render_deepseek_v3(const std::vector<ChatMessage>& msgs, const ChatO
       out += m.content;
       first_system = false;
     }
+  for (size_t i = 0; i < msgs.size(); ++i)  // '<｜User｜>' + None raises in jinja2: refuse, do not guess
+    if (msgs[i].content_null && !(msgs[i].role == "assistant" && !msgs[i].tool_calls.empty()))
+      fail("messages[", i, "].content: null or missing, which DeepSeek-V3's chat template cannot render (only an "
+           "assistant message with tool_calls may have no content)");
   bool is_first = false, is_tool = false, is_output_first = true;
   auto call = [](const ToolCall& tc) {
     return cat("<｜tool▁call▁begin｜>function<｜tool▁sep｜>", tc.name, "\n```json\n", tc.arguments_json, "\n```<｜tool▁call▁end｜>");
@@ -254,6 +258,8 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
       fail(where, ".role: '", msg.role, "' (expected system, user, assistant or tool)");
     if (m.contains("content")) msg.content = text_of(m["content"], where + ".content");
     msg.name = str_of(m, "name", where);
+    msg.content_null = !m.contains("content") || m["content"].is_null();
+    msg.reasoning_null = m.contains("reasoning_content") && m["reasoning_content"].is_null();
     msg.reasoning_content = str_of(m, "reasoning_content", where);
     if (msg.reasoning_content.empty()) msg.reasoning_content = str_of(m, "reasoning", where);
     msg.tool_call_id = str_of(m, "tool_call_id", where);

@@ -29,6 +29,10 @@ struct ChatMessage {
   std::string role, content, name, reasoning_content;
   std::vector<ToolCall> tool_calls;
   std::string tool_call_id;
+  // Where a template tells a null from an empty string (chat_messages_from_json sets these): Kimi's
+  // prints a JSON-null reasoning_content as "None"; DeepSeek-V3's cannot concatenate a null or
+  // missing content, so kdtree refuses what jinja2 would fail on.
+  bool content_null = false, reasoning_null = false;
 };
 
 struct ChatOptions {

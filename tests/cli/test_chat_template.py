@@ -271,3 +271,27 @@ def test_fixture_hashes_in_the_binary_are_current():
             h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
         src = (REPO / "src" / "tokenizer" / "chat.cpp").read_text(encoding="utf-8")
         assert f"0x{h:016x}ull" in src, f"update the hash of {fixture} in src/tokenizer/chat.cpp to 0x{h:016x}"
+
+
+@pytest.mark.parametrize("kind,name", [("kimi", "kimi-k2.jinja"), ("kimi-k26", "kimi-k26.jinja"),
+                                       ("kimi-k2-thinking", "moonshotai-Kimi-K2-Thinking.jinja")])
+def test_null_reasoning_renders_like_jinja(kind, name, tmp_path):
+    """A JSON-null reasoning_content is Python None, which the templates print as "None"."""
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [call(0, "search", "{}")]},
+                {"role": "tool", "tool_call_id": "functions.search:0", "content": None}]
+    want = jinja_render(name, messages, None, None)
+    assert "<think>None</think>" in want
+    assert kdtree_render(kind, messages, None, None, tmp_path) == want
+
+
+@pytest.mark.parametrize("msg", [{"role": "user", "content": None}, {"role": "user"},
+                                 {"role": "assistant", "content": None}, {"role": "system"}])
+def test_deepseek_refuses_what_jinja_cannot_render(msg, tmp_path):
+    mfile = tmp_path / "m.json"
+    mfile.write_text(json.dumps([{"role": "user", "content": "hi"}, msg]))
+    p = subprocess.run([str(BIN), "chat-template", "--template", "deepseek-v3", "--messages", str(mfile)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "messages[1].content" in p.stderr, p.stderr
+    with pytest.raises(Exception):  # and jinja2 indeed fails on it
+        jinja_render("deepseek-v3.jinja", [{"role": "user", "content": "hi"}, {"content": None, **msg}], None, None)
