@@ -217,7 +217,12 @@ const json* member(const json& obj, const char* key) {
   return it == obj.end() ? nullptr : &*it;
 }
 
-TypePtr parse_type(const json& schema, Registry& reg, const std::string& where);
+TypePtr parse_type(const json& schema, Registry& reg, const std::string& where, int depth);
+
+// Schemas nest; tools come from API requests. Python's encoder would hit its recursion limit
+// somewhere past a few hundred levels (and fall back to JSON); kdtree refuses past this many
+// rather than guess where, and never recurses without bound.
+constexpr int kMaxSchemaDepth = 64;
 
 void take_constraints(TsType& t, const json& schema, std::initializer_list<const char*> keys) {
   for (auto it = schema.begin(); it != schema.end(); ++it)  // a std::map: already sorted by key
@@ -225,7 +230,7 @@ void take_constraints(TsType& t, const json& schema, std::initializer_list<const
       if (it.key() == k) t.constraints.emplace_back(it.key(), &it.value());
 }
 
-TypePtr parse_object(const json& schema, Registry& reg, const std::string& where) {
+TypePtr parse_object(const json& schema, Registry& reg, const std::string& where, int depth) {
   auto t = std::make_unique<TsType>();
   t->kind = TsType::Kind::object;
   t->where = where;
@@ -236,7 +241,7 @@ TypePtr parse_object(const json& schema, Registry& reg, const std::string& where
   if (const json* ap = member(schema, "additionalProperties"); ap != nullptr && !ap->is_null()) {
     if (ap->is_object()) {
       t->extra = TsType::Extra::type;
-      t->extra_type = parse_type(*ap, reg, where + ".additionalProperties");
+      t->extra_type = parse_type(*ap, reg, where + ".additionalProperties", depth + 1);
     } else if (ap->is_boolean()) {
       t->extra = ap->get<bool>() ? TsType::Extra::any : TsType::Extra::never;
     } else {
@@ -258,7 +263,7 @@ TypePtr parse_object(const json& schema, Registry& reg, const std::string& where
   for (auto it = props->begin(); it != props->end(); ++it) {
     Param p;
     p.name = it.key();
-    p.type = parse_type(it.value(), reg, where + ".properties." + it.key());
+    p.type = parse_type(it.value(), reg, where + ".properties." + it.key(), depth + 1);
     p.optional = std::find(required.begin(), required.end(), p.name) == required.end();
     if (it.value().is_object())
       if (const json* d = member(it.value(), "default"); d != nullptr && !d->is_null()) p.default_value = d;
@@ -267,7 +272,8 @@ TypePtr parse_object(const json& schema, Registry& reg, const std::string& where
   return t;
 }
 
-TypePtr parse_type(const json& schema, Registry& reg, const std::string& where) {
+TypePtr parse_type(const json& schema, Registry& reg, const std::string& where, int depth) {
+  if (depth > kMaxSchemaDepth) fail("tools: ", where, ": JSON Schema nested deeper than ", kMaxSchemaDepth, " levels");
   if (schema.is_boolean()) {  // true: anything; false: Python logs a warning and says null
     auto t = std::make_unique<TsType>();
     t->where = where;
@@ -304,7 +310,7 @@ TypePtr parse_type(const json& schema, Registry& reg, const std::string& where) 
     t->kind = TsType::Kind::any_of;
     if (any_of->is_array()) {
       for (size_t i = 0; i < any_of->size(); ++i)
-        t->alternatives.push_back(parse_type((*any_of)[i], reg, cat(where, ".anyOf[", i, "]")));
+        t->alternatives.push_back(parse_type((*any_of)[i], reg, cat(where, ".anyOf[", i, "]"), depth + 1));
     } else if (!((any_of->is_object() || any_of->is_string()) && !truthy(*any_of))) {
       throw PyRaise{where + ".anyOf is not a list"};  // an empty {} or "" iterates to nothing
     }
@@ -350,13 +356,13 @@ TypePtr parse_type(const json& schema, Registry& reg, const std::string& where) 
     }
     if (!typ->is_string()) fail("tools: ", where, ".type: expected a string or a list of strings");
     const std::string name = typ->get<std::string>();
-    if (name == "object") return parse_object(schema, reg, where);
+    if (name == "object") return parse_object(schema, reg, where, depth);
     if (name == "array") {
       t->kind = TsType::Kind::array;
       take_constraints(*t, schema, {"maxItems", "minItems"});
       const json* items = member(schema, "items");
       if (items != nullptr && truthy(*items)) {
-        t->item = parse_type(*items, reg, where + ".items");
+        t->item = parse_type(*items, reg, where + ".items", depth + 1);
       } else {
         t->item = std::make_unique<TsType>();
         t->item->where = where + ".items";
@@ -382,7 +388,7 @@ std::string function_to_ts(const json& fn, const std::string& where) {
   const json* params = member(fn, "parameters");
   static const json empty = json::object();
   const json& schema = params != nullptr && truthy(*params) ? *params : empty;
-  TypePtr root = parse_object(schema, reg, where + ".parameters");
+  TypePtr root = parse_object(schema, reg, where + ".parameters", 0);
 
   std::vector<std::string> interfaces;
   if (reg.self_ref) {  // the root becomes `interface parameters`, fields in key order, no extras
@@ -392,7 +398,7 @@ std::string function_to_ts(const json& fn, const std::string& where) {
   }
   const auto snapshot = reg.defs;  // definitions found while parsing may add more; Python iterates a copy
   for (const auto& [name, def] : snapshot) {
-    TypePtr t = parse_type(*def, reg, where + ".parameters.$defs." + name);
+    TypePtr t = parse_type(*def, reg, where + ".parameters.$defs." + name, 0);
     const std::string body = t->render("");
     if (!def->is_object()) throw PyRaise{"$defs." + name + " is not an object"};
     std::string desc;
@@ -449,7 +455,11 @@ std::string py_float_repr(double v) {
   return sign + digits.substr(0, static_cast<size_t>(decpt)) + "." + digits.substr(static_cast<size_t>(decpt));
 }
 
-void dump_python_json(const json& v, std::string& out, const char* item_sep, const char* key_sep) {
+namespace {
+
+void dump_nested(const json& v, std::string& out, const char* item_sep, const char* key_sep, int depth) {
+  // Python's json.dumps stops at its recursion limit too; values this deep are not worth guessing.
+  if (depth > 256) fail("a JSON value nested deeper than 256 levels (tools or tool-call arguments)");
   if (v.is_object()) {
     out += '{';
     bool first = true;
@@ -458,14 +468,14 @@ void dump_python_json(const json& v, std::string& out, const char* item_sep, con
       first = false;
       out += json(it.key()).dump(-1, ' ', false);
       out += key_sep;
-      dump_python_json(it.value(), out, item_sep, key_sep);
+      dump_nested(it.value(), out, item_sep, key_sep, depth + 1);
     }
     out += '}';
   } else if (v.is_array()) {
     out += '[';
     for (size_t i = 0; i < v.size(); ++i) {
       if (i) out += item_sep;
-      dump_python_json(v[i], out, item_sep, key_sep);
+      dump_nested(v[i], out, item_sep, key_sep, depth + 1);
     }
     out += ']';
   } else if (v.is_number_float()) {
@@ -473,6 +483,12 @@ void dump_python_json(const json& v, std::string& out, const char* item_sep, con
   } else {
     out += v.dump(-1, ' ', false);  // strings: the same escapes as json.dumps(ensure_ascii=False)
   }
+}
+
+}  // namespace
+
+void dump_python_json(const json& v, std::string& out, const char* item_sep, const char* key_sep) {
+  dump_nested(v, out, item_sep, key_sep, 0);
 }
 
 std::optional<std::string> encode_tools_typescript(const json& tools, std::string* why) {

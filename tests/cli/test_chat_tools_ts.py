@@ -291,3 +291,25 @@ def test_random_schemas_match_reference(props, desc, tmp_path):
         assert "repr()" in p.stderr.decode(), p.stderr.decode()
         return
     assert p.stdout.decode("utf-8") == want
+
+
+def nested(depth):
+    schema = {"type": "string", "description": "leaf"}
+    for i in range(depth):
+        schema = {"type": "array", "items": schema} if i % 2 else obj({"x": schema}, ["x"], description=f"level {i}")
+    return [fn("deep", obj({"root": schema}))]
+
+
+def test_deep_schemas_match_then_are_refused(tmp_path):
+    messages = [{"role": "user", "content": "hi"}]
+    tools = nested(40)
+    assert render_kd("kimi-k25", messages, tools, tmp_path) == render_ref("kimi-k25.jinja", normalise(messages), tools)
+    p = render_kd("kimi-k25", messages, nested(200), tmp_path, ok=False)
+    assert p.returncode == 1 and b"nested deeper than 64" in p.stderr, p.stderr
+    deep_args = {"a": None}
+    for _ in range(300):
+        deep_args = {"a": deep_args}
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": deep_args}}]}]
+    p = render_kd("kimi", msgs, None, tmp_path, ok=False)
+    assert p.returncode == 1 and b"nested deeper than 256" in p.stderr, p.stderr
