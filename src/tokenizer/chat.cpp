@@ -20,6 +20,7 @@ using json = nlohmann::json;
 // deep-sorts dict keys first, which nlohmann::json's std::map objects already are (UTF-8 byte
 // order = code point order).
 void dump_python(const json& j, std::string& out) { dump_python_json(j, out); }
+void dump_python(const nlohmann::ordered_json& j, std::string& out) { dump_python_json(j, out); }
 
 // What distinguishes the Kimi templates (see ChatTemplateKind).
 struct KimiVariant {
@@ -117,9 +118,16 @@ std::string render_deepseek_v3(const std::vector<ChatMessage>& msgs, const ChatO
     if (msgs[i].content_null && !(msgs[i].role == "assistant" && !msgs[i].tool_calls.empty()))
       fail("messages[", i, "].content: null or missing, which DeepSeek-V3's chat template cannot render (only an "
            "assistant message with tool_calls may have no content)");
+  for (size_t i = 0; i < msgs.size(); ++i)
+    for (size_t k = 0; k < msgs[i].tool_calls.size(); ++k) {
+      const ToolCall& tc = msgs[i].tool_calls[k];
+      if (tc.type.empty() || tc.arguments_object)
+        fail("messages[", i, "].tool_calls[", k, "]: ", tc.type.empty() ? "no type" : "arguments as an object",
+             ", which DeepSeek-V3's chat template cannot concatenate (give type \"function\" and arguments as a JSON string)");
+    }
   bool is_first = false, is_tool = false, is_output_first = true;
   auto call = [](const ToolCall& tc) {
-    return cat("<｜tool▁call▁begin｜>function<｜tool▁sep｜>", tc.name, "\n```json\n", tc.arguments_json, "\n```<｜tool▁call▁end｜>");
+    return cat("<｜tool▁call▁begin｜>", tc.type, "<｜tool▁sep｜>", tc.name, "\n```json\n", tc.arguments_json, "\n```<｜tool▁call▁end｜>");
   };
   for (const ChatMessage& m : msgs) {
     if (m.role == "user") {
@@ -218,21 +226,23 @@ const char* chat_template_kind_name(ChatTemplateKind kind) {
 }
 
 std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
-  json j;
+  // Key order kept: an `arguments` object is printed with `| tojson`, which keeps the client's order.
+  using ojson = nlohmann::ordered_json;
+  ojson j;
   try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+    j = ojson::parse(json_text);
+  } catch (const ojson::parse_error& e) {
     fail("messages: not valid JSON: ", e.what());
   }
   if (j.is_object() && j.contains("messages")) j = j["messages"];
   if (!j.is_array()) fail("messages: expected a JSON array of messages");
-  auto text_of = [](const json& v, const std::string& where) -> std::string {
+  auto text_of = [](const ojson& v, const std::string& where) -> std::string {
     if (v.is_null()) return "";
     if (v.is_string()) return v.get<std::string>();
     if (v.is_array()) {  // content parts: the templates concatenate the text parts
       std::string s;
       for (size_t k = 0; k < v.size(); ++k) {
-        const json& part = v[k];
+        const ojson& part = v[k];
         if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") || !part["text"].is_string())
           fail(where, "[", k, "]: only {\"type\": \"text\", \"text\": ...} parts are supported");
         s += part["text"].get<std::string>();
@@ -241,7 +251,7 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
     }
     fail(where, ": expected a string, null or an array of text parts");
   };
-  auto str_of = [](const json& m, const char* key, const std::string& where) -> std::string {
+  auto str_of = [](const ojson& m, const char* key, const std::string& where) -> std::string {
     auto it = m.find(key);
     if (it == m.end() || it->is_null()) return "";
     if (!it->is_string()) fail(where, ".", key, ": expected a string");
@@ -250,7 +260,7 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string where = cat("messages[", i, "]");
-    const json& m = j[i];
+    const ojson& m = j[i];
     if (!m.is_object()) fail(where, ": expected an object");
     ChatMessage msg;
     msg.role = str_of(m, "role", where);
@@ -264,17 +274,19 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
     if (msg.reasoning_content.empty()) msg.reasoning_content = str_of(m, "reasoning", where);
     msg.tool_call_id = str_of(m, "tool_call_id", where);
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      const json& calls = m["tool_calls"];
+      const ojson& calls = m["tool_calls"];
       if (!calls.is_array()) fail(where, ".tool_calls: expected an array");
       for (size_t k = 0; k < calls.size(); ++k) {
         const std::string w = cat(where, ".tool_calls[", k, "]");
-        const json& c = calls[k];
+        const ojson& c = calls[k];
         if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) fail(w, ".function: expected an object");
-        const json& f = c["function"];
+        const ojson& f = c["function"];
         ToolCall tc{str_of(c, "id", w), str_of(f, "name", w + ".function"), ""};
-        if (f.contains("arguments") && !f["arguments"].is_string() && !f["arguments"].is_null())
+        tc.type = str_of(c, "type", w);
+        if (f.contains("arguments") && !f["arguments"].is_string() && !f["arguments"].is_null()) {
           dump_python(f["arguments"], tc.arguments_json);  // an object, as some clients send: `| tojson`
-        else
+          tc.arguments_object = true;
+        } else
           tc.arguments_json = str_of(f, "arguments", w + ".function");
         msg.tool_calls.push_back(std::move(tc));
       }

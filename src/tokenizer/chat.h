@@ -21,6 +21,10 @@ enum class ChatTemplateKind {
 
 struct ToolCall {
   std::string id, name, arguments_json;  // arguments as the JSON text the model produced
+  // As the request gave them (chat_messages_from_json): DeepSeek-V3's template concatenates
+  // tool['type'] and the arguments, so a missing type ("") or object arguments fail there.
+  std::string type = "function";
+  bool arguments_object = false;
 };
 
 // One OpenAI-style message. An empty string stands for an absent or null field (the templates

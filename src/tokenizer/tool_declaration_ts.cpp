@@ -457,7 +457,8 @@ std::string py_float_repr(double v) {
 
 namespace {
 
-void dump_nested(const json& v, std::string& out, const char* item_sep, const char* key_sep, int depth) {
+template <class J>
+void dump_nested(const J& v, std::string& out, const char* item_sep, const char* key_sep, int depth) {
   // Python's json.dumps stops at its recursion limit too; values this deep are not worth guessing.
   if (depth > 256) fail("a JSON value nested deeper than 256 levels (tools or tool-call arguments)");
   if (v.is_object()) {
@@ -466,7 +467,7 @@ void dump_nested(const json& v, std::string& out, const char* item_sep, const ch
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (!first) out += item_sep;
       first = false;
-      out += json(it.key()).dump(-1, ' ', false);
+      out += J(it.key()).dump(-1, ' ', false);
       out += key_sep;
       dump_nested(it.value(), out, item_sep, key_sep, depth + 1);
     }
@@ -479,7 +480,7 @@ void dump_nested(const json& v, std::string& out, const char* item_sep, const ch
     }
     out += ']';
   } else if (v.is_number_float()) {
-    out += py_float_repr(v.get<double>());
+    out += py_float_repr(v.template get<double>());
   } else {
     out += v.dump(-1, ' ', false);  // strings: the same escapes as json.dumps(ensure_ascii=False)
   }
@@ -488,6 +489,10 @@ void dump_nested(const json& v, std::string& out, const char* item_sep, const ch
 }  // namespace
 
 void dump_python_json(const json& v, std::string& out, const char* item_sep, const char* key_sep) {
+  dump_nested(v, out, item_sep, key_sep, 0);
+}
+
+void dump_python_json(const nlohmann::ordered_json& v, std::string& out, const char* item_sep, const char* key_sep) {
   dump_nested(v, out, item_sep, key_sep, 0);
 }
 

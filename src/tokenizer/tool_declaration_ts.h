@@ -25,5 +25,7 @@ std::string py_float_repr(double v);
 
 // json.dumps(v, ensure_ascii=False) with the given separators; floats as Python writes them.
 void dump_python_json(const nlohmann::json& v, std::string& out, const char* item_sep = ", ", const char* key_sep = ": ");
+void dump_python_json(const nlohmann::ordered_json& v, std::string& out, const char* item_sep = ", ",
+                      const char* key_sep = ": ");  // keys in the order the JSON text had them
 
 }  // namespace kd

@@ -295,3 +295,42 @@ def test_deepseek_refuses_what_jinja_cannot_render(msg, tmp_path):
     assert p.returncode == 1 and "messages[1].content" in p.stderr, p.stderr
     with pytest.raises(Exception):  # and jinja2 indeed fails on it
         jinja_render("deepseek-v3.jinja", [{"role": "user", "content": "hi"}, {"content": None, **msg}], None, None)
+
+
+OBJ_ARGS = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "functions.f:0", "type": "function",
+                 "function": {"name": "f", "arguments": {"zeta": 1, "alpha": [2.5, {"y": None, "b": "é"}], "mid": True}}}]},
+            {"role": "tool", "tool_call_id": "functions.f:0", "content": "ok"}]
+
+
+@pytest.mark.parametrize("kind,name", [("kimi", "kimi-k2.jinja"), ("kimi-k25", "kimi-k25.jinja"),
+                                       ("kimi-k2-thinking", "moonshotai-Kimi-K2-Thinking.jinja")])
+def test_object_arguments_keep_the_clients_key_order(kind, name, tmp_path):
+    want = jinja_render(name, OBJ_ARGS, None, None)
+    assert '{"zeta": 1, "alpha": [2.5, {"y": null, "b": "é"}], "mid": true}' in want
+    assert kdtree_render(kind, OBJ_ARGS, None, None, tmp_path) == want
+
+
+@pytest.mark.parametrize("change,expect", [("object", "arguments as an object"), ("no_type", "no type")])
+def test_deepseek_refuses_tool_calls_its_template_cannot_concatenate(change, expect, tmp_path):
+    msgs = json.loads(json.dumps(OBJ_ARGS))
+    if change == "no_type":
+        msgs[1]["tool_calls"][0]["function"]["arguments"] = "{}"
+        del msgs[1]["tool_calls"][0]["type"]
+    with pytest.raises(Exception):
+        jinja_render("deepseek-v3.jinja", msgs, None, None)
+    mfile = tmp_path / "m.json"
+    mfile.write_text(json.dumps(msgs))
+    p = subprocess.run([str(BIN), "chat-template", "--template", "deepseek-v3", "--messages", str(mfile)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "messages[1].tool_calls[0]" in p.stderr and expect in p.stderr, p.stderr
+
+
+def test_deepseek_prints_the_tool_call_type(tmp_path):
+    msgs = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "code_interpreter", "function": {"name": "run", "arguments": "{}"}}]}]
+    want = jinja_render("deepseek-v3.jinja", msgs, None, None)
+    assert "code_interpreter<｜tool▁sep｜>" in want
+    assert kdtree_render("deepseek-v3", msgs, None, None, tmp_path) == want
