@@ -178,6 +178,7 @@ std::string render_chat(ChatTemplateKind kind, const std::vector<ChatMessage>& m
     } catch (const json::parse_error& e) {
       fail("tools: not valid JSON: ", e.what());
     }
+    check_json_integers(opts.tools_json, "tools");
     if (!tools.is_array()) fail("tools: expected a JSON array of tool definitions");
   }
   const char* name = chat_template_kind_name(kind);
@@ -231,6 +232,7 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
   ojson j;
   try {
     j = ojson::parse(json_text);
+    check_json_integers(json_text, "messages");
   } catch (const ojson::parse_error& e) {
     fail("messages: not valid JSON: ", e.what());
   }

@@ -496,6 +496,39 @@ void dump_python_json(const nlohmann::ordered_json& v, std::string& out, const c
   dump_nested(v, out, item_sep, key_sep, 0);
 }
 
+void check_json_integers(std::string_view t, const char* what) {
+  bool in_string = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (c != '-' && (c < '0' || c > '9')) continue;
+    const size_t start = i;
+    bool integral = true;
+    while (i < t.size() && std::string_view("0123456789+-.eE").find(t[i]) != std::string_view::npos) {
+      if (t[i] == '.' || t[i] == 'e' || t[i] == 'E') integral = false;
+      ++i;
+    }
+    std::string_view num = t.substr(start, i - start);
+    --i;
+    if (!integral) continue;
+    const bool neg = !num.empty() && num[0] == '-';
+    if (neg) num.remove_prefix(1);
+    while (num.size() > 1 && num[0] == '0') num.remove_prefix(1);
+    const std::string_view limit = neg ? "9223372036854775808" : "18446744073709551615";
+    if (num.size() > limit.size() || (num.size() == limit.size() && num > limit))
+      fail(what, ": the integer ", neg ? "-" : "", num.substr(0, 40), " does not fit in 64 bits (Python would print it exactly; "
+           "kdtree would not), write it as a string or a float");
+  }
+}
+
 std::optional<std::string> encode_tools_typescript(const json& tools, std::string* why) {
   try {
     std::vector<std::string> functions;

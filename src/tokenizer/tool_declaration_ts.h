@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace kd {
 
@@ -19,6 +20,10 @@ namespace kd {
 // the same as the tokenizer's deep_sort_dict). Returns the `# Tools` text, "" when no tool is a
 // function (Python returns "" too), or nullopt where Python raises; `why` gets the reason then.
 std::optional<std::string> encode_tools_typescript(const nlohmann::json& tools, std::string* why = nullptr);
+
+// Refuses (kd::Error naming `what`) JSON text with an integer literal outside 64 bits: Python keeps
+// it exact, nlohmann::json would turn it into a double and print it differently.
+void check_json_integers(std::string_view json_text, const char* what);
 
 // Python's repr() of a float (shortest round-trip digits, '1e-05', '1e+16', '2.0').
 std::string py_float_repr(double v);

@@ -313,3 +313,14 @@ def test_deep_schemas_match_then_are_refused(tmp_path):
         {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": deep_args}}]}]
     p = render_kd("kimi", msgs, None, tmp_path, ok=False)
     assert p.returncode == 1 and b"nested deeper than 256" in p.stderr, p.stderr
+
+
+def test_integers_beyond_64_bits_are_refused(tmp_path):
+    """Python keeps 2**64 exact; nlohmann::json would make it a double and print 1.8446744073709552e+19."""
+    ok = [fn("n", obj({"a": {"type": "integer", "maximum": 2**64 - 1, "minimum": -2**63, "description": "9" * 30}}))]
+    messages = [{"role": "user", "content": "hi"}]
+    assert render_kd("kimi-k25", messages, ok, tmp_path) == render_ref("kimi-k25.jinja", normalise(messages), ok)
+    for big in (2**64, -2**63 - 1, 10**30):
+        tools = [fn("n", obj({"a": {"type": "integer", "maximum": big, "description": "1" * 30}}))]
+        p = render_kd("kimi-k25", messages, tools, tmp_path, ok=False)
+        assert p.returncode == 1 and b"does not fit in 64 bits" in p.stderr and str(big).encode() in p.stderr, p.stderr
