@@ -156,7 +156,18 @@ TOOL_CASES = {
     "not_printed_bad_description": [fn("npd", {"type": "object", "description": 5,
                                                "properties": {"a": {"anyOf": [{"type": "string", "description": ["x"]}]}}})],
     "only_plugins": [{"type": "_plugin", "_plugin": {"name": "web"}}],
+    "pydantic_style": [fn("book", {"$defs": {
+        "Seat": {"enum": ["aisle", "window"], "title": "Seat", "type": "string"},
+        "Passenger": {"properties": {"name": {"title": "Name", "type": "string"},
+                                     "age": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "Age"},
+                                     "seat": {"$ref": "#/$defs/Seat", "default": "aisle"}},
+                      "required": ["name"], "title": "Passenger", "type": "object"}},
+        "properties": {"passengers": {"items": {"$ref": "#/$defs/Passenger"}, "title": "Passengers", "type": "array"},
+                       "date": {"format": "date", "title": "Date", "type": "string"},
+                       "notes": {"anyOf": [{"maxLength": 200, "type": "string"}, {"type": "null"}], "default": None}},
+        "required": ["passengers", "date"], "title": "BookArgs", "type": "object"}, "Book seats.")],
     # --- the Python encoder raises: JSON declaration instead
+    "fallback_allof": [fn("x", obj({"a": {"allOf": [{"$ref": "#/$defs/A"}]}}, [], **{"$defs": {"A": {"type": "string"}}}))],
     "fallback_bad_ref": [fn("x", obj({"a": {"$ref": "#/$defs/Nope"}}))],
     "fallback_ref_format": [fn("x", obj({"a": {"$ref": "http://example.com/schema"}}))],
     "fallback_enum_type": [fn("x", obj({"a": {"type": "string", "enum": ["ok", 3]}}))],
