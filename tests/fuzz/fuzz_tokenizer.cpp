@@ -1,7 +1,9 @@
 // libFuzzer target: the tiktoken tokenizer (tests/fixtures/tokenizer-kimi-small) on arbitrary bytes.
 // Encode either throws kd::Error (invalid UTF-8) or returns ids that decode back to the input, with
 // and without special-token parsing; decoding any id sequence yields valid UTF-8, and streaming it
-// yields the same text.
+// yields the same text. The same bytes also go in as a chat request (messages JSON, tools JSON) for
+// every chat template: each renders or throws kd::Error, never anything else (the tools encoder
+// and JSON dumps walk request-supplied JSON).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 #ifndef KDTREE_TOKENIZER_FIXTURE
@@ -36,5 +39,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int32_t id : ids) streamed += sd.push(id);
   streamed += sd.flush();
   if (streamed != decoded) std::abort();
+
+  std::vector<kd::ChatMessage> msgs;
+  try {
+    msgs = kd::chat_messages_from_json(text);
+  } catch (const kd::Error&) {
+  }
+  for (auto kind : {kd::ChatTemplateKind::kimi, kd::ChatTemplateKind::kimi_k2_thinking, kd::ChatTemplateKind::kimi_k25,
+                    kd::ChatTemplateKind::kimi_k26, kd::ChatTemplateKind::deepseek_v3}) {
+    kd::ChatOptions opts;
+    opts.tools_json = text;
+    for (bool with_tools : {false, true}) {
+      try {
+        kd::render_chat(kind, msgs, with_tools ? opts : kd::ChatOptions{});
+      } catch (const kd::Error&) {
+      }
+    }
+  }
   return 0;
 }
