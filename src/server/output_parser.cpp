@@ -292,6 +292,7 @@ OutputDelta StreamingOutputParser::update(std::string_view full_text, bool final
     ToolCallDelta td;
     td.index = static_cast<int>(i);
     if (i >= last_.tool_calls.size()) {
+      td.first = true;
       td.id = c.id;
       td.name = c.name;
       td.arguments = c.arguments;

@@ -69,6 +69,7 @@ ParsedOutput parse_kimi_output(std::string_view text, const OutputParserOptions&
 // first delta of call i carries index, id and name; later deltas carry argument fragments only.
 struct ToolCallDelta {
   int index = 0;
+  bool first = false;    // the call's first delta: send id, type and name (the id itself may be "")
   std::string id, name;  // set in the call's first delta only
   std::string arguments;
 };

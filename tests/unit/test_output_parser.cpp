@@ -201,6 +201,7 @@ ParsedOutput stream(const std::string& text, const OutputParserOptions& o, std::
         ADD_FAILURE() << "delta for call " << t.index << " that the final parse does not have";
         continue;
       }
+      EXPECT_EQ(t.first, idx == acc.tool_calls.size());
       if (idx == acc.tool_calls.size()) {  // the call's first delta: id and name come with it
         acc.tool_calls.push_back({});
         acc.tool_calls.back().id = t.id;
