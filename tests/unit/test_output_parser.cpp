@@ -140,6 +140,9 @@ std::vector<Case> cases() {
        "", "mid", {{"functions.a:0", "a", "{}"}, {"functions.b:1", "b", "{}"}}},
       {"angle_brackets_in_arguments", SB + CB + "functions.cmp:0" + AB + "{\"e\": \"a < b <| c\"}" + CE + SE, plain, "",
        "", {{"functions.cmp:0", "cmp", "{\"e\": \"a < b <| c\"}"}}},
+      // tool_choice named: the server prefills "</think>" + section + call header + argument begin.
+      {"server_prefill_named_call", TC + SB + CB + "functions.get_weather:0" + AB + W + CE + SE, think, "", "",
+       {{"functions.get_weather:0", "get_weather", W}}},
       {"unicode_arguments", SB + CB + "functions.say:0" + AB + "{\"t\": \"中文 😀\"}" + CE + SE, plain, "", "",
        {{"functions.say:0", "say", "{\"t\": \"中文 😀\"}"}}},
   };
