@@ -36,7 +36,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
   c->add_option("--port", o.port, "TCP port (default 8080; 0 picks a free one and logs it)")->check(CLI::Range(0, 65535));
   c->add_option("--api-key", o.api_key,
                 "Require 'Authorization: Bearer KEY' on every route but /health (default: $KDTREE_API_KEY, else none)");
-  c->add_option("-np,--parallel", o.parallel, "Sequences decoded at once in the running batch (default 4)")
+  c->add_option("--parallel", o.parallel, "Sequences decoded at once in the running batch (default 4)")
       ->check(CLI::Range(1, 1024));
   c->add_option("-c,--ctx-size", o.ctx_size, "Context limit per request in tokens (default 4096; 0 = the model's maximum)")
       ->check(CLI::NonNegativeNumber);
