@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "core/log.h"
 #include "io/checkpoint.h"
 
 namespace kd {
@@ -500,6 +501,106 @@ TEST(Engine, SpeculativeBatchEqualsGenerateAR) {
     const RequestStats s0 = sink.get(0).stats;
     EXPECT_GT(s0.accepted, 0);
     EXPECT_LT(s0.rounds, s0.n_generated);  // several tokens per round
+  }
+}
+
+}  // namespace
+}  // namespace kd
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "model/make_drafter.h"
+#include "spec/dflash_drafter.h"
+
+namespace kd {
+namespace {
+
+// A (random-weight) DFlash drafter taps target layers: the engine must feed it the prefill taps
+// chunk by chunk and each round's accepted taps, exactly as generate_ddtree does, so every
+// request's rounds, drafts and acceptances equal generate_ddtree's alone — and its output AR's.
+TEST(Engine, DFlashDrafterRoundsEqualGenerateDDTree) {
+  const std::string target_dir = std::string(KDTREE_FIXTURES) + "/k2-bf16";
+  const std::string draft_dir =
+      (std::filesystem::temp_directory_path() / cat("kdtree_test_engine_drafter_", ::getpid())).string();
+  make_drafter(target_dir, draft_dir, 5, 2, 4, true);
+  const DeepseekV3& m = fixture_model("k2-bf16");
+  auto cases = make_cases(m.config(), 4);
+  for (auto& cs : cases) cs.gen.max_new_tokens = 25;
+  for (bool chain : {false, true}) {
+    EngineOptions opt;
+    opt.n_parallel = 4;
+    opt.context = 128;
+    opt.prefill_chunk = 6;
+    opt.spec.chain = chain;
+    opt.spec.budget = 5;
+    opt.make_drafter = [&] { return std::make_unique<DFlashAdapter>(draft_dir, m, 128); };
+    Sink sink;
+    {
+      Engine eng(m, opt);
+      for (size_t k = 0; k < cases.size(); ++k) {
+        EngineRequest r;
+        r.prompt = cases[k].prompt;
+        r.gen = cases[k].gen;
+        r.on_event = sink.callback(k);
+        eng.submit(std::move(r));
+      }
+      sink.wait_done(cases.size());
+    }
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const std::string what = cat(chain ? "chain" : "tree", " request ", k);
+      expect_equal_to_ar(m, cases[k], sink.get(k), what);
+      DFlashAdapter d(draft_dir, m, 128);
+      const SpecResult ref = generate_ddtree(m, d, cases[k].prompt, cases[k].gen, opt.spec);
+      const RequestStats st = sink.get(k).stats;
+      EXPECT_EQ(st.rounds, ref.stats.rounds) << what;
+      EXPECT_EQ(st.drafted, ref.stats.drafted) << what;
+      EXPECT_EQ(st.accepted, ref.stats.accepted) << what;
+    }
+  }
+  std::filesystem::remove_all(draft_dir);
+}
+
+}  // namespace
+}  // namespace kd
+
+#include <cstdlib>
+
+namespace kd {
+namespace {
+
+// Throughput of the engine on a model directory ($KDTREE_BENCH_MODEL, e.g. one made by
+// `kdtree make-model --preset small`): 8 requests one at a time vs 8 in one batch. Not a test
+// (prints numbers); run with --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'.
+TEST(EngineBench, DISABLED_ThroughputAloneVsBatchOf8) {
+  const char* dir = std::getenv("KDTREE_BENCH_MODEL");
+  if (!dir) GTEST_SKIP() << "set KDTREE_BENCH_MODEL to a model directory";
+  Checkpoint ck(dir);
+  DeepseekV3 m(ck);
+  const int64_t n_gen = std::getenv("KDTREE_BENCH_TOKENS") ? std::atoll(std::getenv("KDTREE_BENCH_TOKENS")) : 32;
+  for (int64_t par : {1, 8}) {
+    EngineOptions opt;
+    opt.n_parallel = par;
+    opt.context = 512;
+    Sink sink;
+    const double t0 = now_s();
+    {
+      Engine eng(m, opt);
+      for (int k = 0; k < 8; ++k) {
+        EngineRequest r;
+        r.prompt = make_prompt(m.config(), 32, k);
+        r.gen.max_new_tokens = n_gen;
+        r.gen.ignore_eos = true;
+        r.on_event = sink.callback(size_t(k));
+        eng.submit(std::move(r));
+      }
+      sink.wait_done(8);
+      const double s = now_s() - t0;
+      const EngineMetrics mt = eng.metrics();
+      std::printf("n_parallel=%lld: %llu generated tokens in %.2f s = %.1f tokens/s (%llu steps)\n", (long long)par,
+                  (unsigned long long)mt.generated_tokens, s, double(mt.generated_tokens) / s, (unsigned long long)mt.steps);
+    }
   }
 }
 
