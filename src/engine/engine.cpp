@@ -184,6 +184,8 @@ void Engine::Impl::admit() {
         continue;
       }
       s.n_taps = draft_taps;
+      // Prefix-cache rows (only for drafters without taps) count as context the drafter has seen.
+      if (s.n_kv > 0) s.drafter->append_context(nullptr, s.n_kv);
     }
     running.push_back(std::move(sp));
   }

@@ -58,6 +58,7 @@ class Sink {
       std::lock_guard<std::mutex> lk(mu_);
       Collected& c = got_[k];
       ++c.n_events;
+      log_.push_back({k, ev.ids.size()});
       c.ids.insert(c.ids.end(), ev.ids.begin(), ev.ids.end());
       c.logits.insert(c.logits.end(), ev.logits.begin(), ev.logits.end());
       c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
@@ -76,6 +77,11 @@ class Sink {
     std::unique_lock<std::mutex> lk(mu_);
     ASSERT_TRUE(cv_.wait_for(lk, std::chrono::seconds(300), [&] { return done_ >= n; })) << "timed out: " << done_ << "/" << n;
   }
+  // (request, tokens) of every event so far, in arrival order.
+  std::vector<std::pair<size_t, size_t>> log() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return log_;
+  }
   Collected get(size_t k) {
     std::lock_guard<std::mutex> lk(mu_);
     return got_[k];
@@ -85,6 +91,7 @@ class Sink {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Collected> got_;
+  std::vector<std::pair<size_t, size_t>> log_;
   size_t done_ = 0;
 };
 
@@ -167,6 +174,44 @@ TEST(Engine, ChunkedPrefillMixedWithDecodeEqualsGenerateAR) {
     opt.prefill_chunk = chunk;
     run_and_check(m, opt, cases, cat("prefill_chunk ", chunk));
   }
+}
+
+// A long prompt prefills in chunks while a running stream keeps decoding: the stream commits a
+// token in every step of the other's prefill instead of waiting for it.
+TEST(Engine, LongPromptDoesNotStallARunningStream) {
+  const DeepseekV3& m = fixture_model("k2-bf16");
+  EngineOptions opt;
+  opt.context = 256;
+  opt.prefill_chunk = 8;
+  Engine eng(m, opt);
+  Sink sink;
+  EngineRequest a;
+  a.prompt = make_prompt(m.config(), 5, 0);
+  a.gen.max_new_tokens = 60;
+  a.gen.ignore_eos = true;
+  a.on_event = sink.callback(0);
+  eng.submit(std::move(a));
+  while (sink.get(0).ids.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EngineRequest b;
+  b.prompt = make_prompt(m.config(), 120, 1);  // 15 chunks of 8
+  b.gen.max_new_tokens = 3;
+  b.gen.ignore_eos = true;
+  b.on_event = sink.callback(1);
+  eng.submit(std::move(b));
+  sink.wait_done(2);
+  size_t a_events = 0, a_before_b = 0;
+  bool b_started = false;
+  for (auto [k, n] : sink.log()) {
+    if (k == 0) {
+      EXPECT_EQ(n, 1u) << "one token per step";
+      ++a_events;
+    } else if (!b_started) {
+      b_started = true;
+      a_before_b = a_events;
+    }
+  }
+  EXPECT_GE(a_before_b, 15u) << "the stream got a token in each of the 15 prefill steps";
+  EXPECT_EQ(sink.get(0).ids.size(), 60u);
 }
 
 TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutputs) {
@@ -501,6 +546,41 @@ TEST(Engine, SpeculativeBatchEqualsGenerateAR) {
     const RequestStats s0 = sink.get(0).stats;
     EXPECT_GT(s0.accepted, 0);
     EXPECT_LT(s0.rounds, s0.n_generated);  // several tokens per round
+  }
+}
+
+// A speculative sequence whose prompt comes from the prefix cache: the drafter is told about the
+// cached rows, the output is still AR's, and the oracle drafter is accepted in full.
+TEST(Engine, SpeculativeAfterPrefixHitEqualsGenerateAR) {
+  const DeepseekV3& m = fixture_model("k2-bf16");
+  Case cs;
+  cs.prompt = make_prompt(m.config(), 21, 4);
+  cs.gen.max_new_tokens = 20;
+  cs.gen.ignore_eos = true;
+  cs.gen.keep_logits = true;
+  const GenerateResult ar = generate_ar(m, cs.prompt, cs.gen);
+  std::vector<int32_t> truth = cs.prompt;
+  truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
+  EngineOptions opt;
+  opt.context = 128;
+  opt.kv_block = 4;
+  opt.spec.budget = 4;
+  opt.make_drafter = [&] {
+    return std::make_unique<SyntheticDrafter>(truth, std::vector<double>{1.0}, 5, m.config().vocab_size, 1);
+  };
+  Engine eng(m, opt);
+  Sink sink;
+  for (size_t k = 0; k < 2; ++k) {
+    EngineRequest r;
+    r.prompt = cs.prompt;
+    r.gen = cs.gen;
+    r.on_event = sink.callback(k);
+    eng.submit(std::move(r));
+    sink.wait_done(k + 1);
+    expect_equal_to_ar(m, cs, sink.get(k), cat("request ", k));
+    const RequestStats st = sink.get(k).stats;
+    EXPECT_EQ(st.n_cached, k == 0 ? 0 : 20);
+    EXPECT_EQ(st.accepted, st.n_generated - st.rounds - 1) << "the oracle is always right";
   }
 }
 
