@@ -9,6 +9,13 @@
 //
 // This header is the contract between the engine and the HTTP server (src/server/): the server
 // talks to the engine only through submit / cancel / metrics and the per-request event callback.
+//
+// KV admission is by reservation: a request is admitted when the pool (free blocks plus evictable
+// prefix-cache blocks, minus what running sequences reserved) holds its worst case — prompt + max
+// new tokens (+ one verify tree with a drafter); running sequences are never preempted. Block
+// storage is allocated on first use, so a large kv_tokens costs memory only when used.
+// The forward uses the process-wide ThreadPool, which serves one calling thread at a time: while an
+// engine runs, run no other model forward (generate_ar, generate_ddtree) on another thread.
 #pragma once
 #include <cstdint>
 #include <functional>
