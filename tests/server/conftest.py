@@ -38,7 +38,8 @@ class Server:
 
     def __init__(self, model: Path, log: Path, *args: str, wait_ready: bool = True):
         self.log = log
-        self.args = [str(BIN), "serve", "-m", str(model), "--port", "0", "-t", "1", *map(str, args)]
+        # --idle-timeout 1: stopping waits for idle keep-alive connections (the client pools them).
+        self.args = [str(BIN), "serve", "-m", str(model), "--port", "0", "-t", "1", "--idle-timeout", "1", *map(str, args)]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=REPO)
         self.port = self._wait_port()
         self.base = f"http://127.0.0.1:{self.port}"
