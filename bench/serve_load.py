@@ -142,8 +142,8 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=48)
     ap.add_argument("--requests", type=int, default=0, help="per level (default: max(8, 2 × concurrency))")
     ap.add_argument("--parallel", type=int, default=16)
-    ap.add_argument("--prefix-words", type=int, default=1200)
-    ap.add_argument("--prefix-reps", type=int, default=5)
+    ap.add_argument("--prefix-words", type=int, default=300)
+    ap.add_argument("--prefix-reps", type=int, default=3)
     a = ap.parse_args()
 
     proc = None
@@ -152,9 +152,16 @@ def main() -> None:
     else:
         tmp = Path(tempfile.mkdtemp(prefix="kdtree-serve-bench-"))
         model = tmp / a.preset
-        subprocess.run([a.bin, "make-model", "--preset", a.preset, "--seed", "0", "-o", str(model), "--force",
-                        "--tokenizer", str(REPO / "tests" / "fixtures" / "tokenizer-kimi-small")], check=True,
-                       capture_output=True)
+        # The preset's shape with the fixture tokenizer's vocabulary (4256 ids, Kimi specials from 4000),
+        # so that text prompts work on presets whose own vocabulary is smaller.
+        shape = tmp / "shape"
+        subprocess.run([a.bin, "make-model", "-q", "--preset", a.preset, "--seed", "0", "-o", str(shape), "--force"],
+                       check=True)
+        cfg = json.loads((shape / "config.json").read_text())
+        cfg.update(vocab_size=max(cfg["vocab_size"], 4256), bos_token_id=4000, eos_token_id=4001)
+        (tmp / "config.json").write_text(json.dumps(cfg))
+        subprocess.run([a.bin, "make-model", "-q", "--config", str(tmp / "config.json"), "--seed", "0", "-o", str(model),
+                        "--force", "--tokenizer", str(REPO / "tests" / "fixtures" / "tokenizer-kimi-small")], check=True)
         log = tmp / "serve.log"
         proc = subprocess.Popen([a.bin, "serve", "-m", str(model), "--port", "0", "--parallel", str(a.parallel),
                                  "--max-queue", "1024", "-c", "8192"], stderr=open(log, "w"))
