@@ -78,6 +78,13 @@ std::optional<std::string> get_string(const json& body, const char* name) {
   return v->get<std::string>();
 }
 
+// A nested object's string field for comparisons only: "" (or dflt) when absent or not a string, so
+// that a wrong type reads as a wrong value and is refused as one.
+std::string string_or(const json& obj, const char* key, const std::string& dflt = "") {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : (it == obj.end() || it->is_null() ? dflt : "");
+}
+
 // Known OpenAI parameters kdtree does not implement: a 400 unless the value is the neutral one.
 void refuse_unsupported(const json& body) {
   if (auto n = get_int(body, "n"); n && *n != 1) bad_request("n", cat("'n' = ", *n, ": only n = 1 is supported"));
@@ -94,7 +101,7 @@ void refuse_unsupported(const json& body) {
   }
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    if (rf->value("type", std::string("text")) != "text")
+    if (string_or(*rf, "type", "text") != "text")
       bad_request("response_format", "'response_format': only {\"type\": \"text\"} is supported");
   }
   for (const char* p : {"functions", "function_call"})
@@ -220,7 +227,7 @@ void parse_chat(const json& body, ApiRequest& r) {
       const json& t = (*tools)[i];
       const std::string w = cat("tools[", i, "]");
       if (!t.is_object()) wrong_type(w, "an object", t);
-      if (t.value("type", std::string()) != "function") bad_request(w, cat("'", w, ".type': only \"function\" tools are supported"));
+      if (string_or(t, "type") != "function") bad_request(w, cat("'", w, ".type': only \"function\" tools are supported"));
       const json* f = field(t, "function");
       if (!f || !f->is_object()) bad_request(w, cat("'", w, ".function': expected an object"));
       auto name = get_string(*f, "name");
@@ -241,7 +248,7 @@ void parse_chat(const json& body, ApiRequest& r) {
     } else if (tc->is_object()) {
       const json* f = field(*tc, "function");
       auto name = f && f->is_object() ? get_string(*f, "name") : std::nullopt;
-      if (tc->value("type", std::string()) != "function" || !name)
+      if (string_or(*tc, "type") != "function" || !name)
         bad_request("tool_choice", "'tool_choice': expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
       r.tool_choice = ToolChoice::named;
       r.tool_choice_name = *name;

@@ -180,7 +180,10 @@ void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response&
     }
   }
   json out = {{"tokens", ids}, {"count", ids.size()}};
-  if (body.value("with_pieces", false)) {
+  auto wp = body.find("with_pieces");
+  if (wp != body.end() && !wp->is_boolean() && !wp->is_null())
+    return send_error(res, 400, "invalid_request_error", "'with_pieces': expected a boolean", "with_pieces");
+  if (wp != body.end() && wp->is_boolean() && wp->get<bool>()) {
     json pieces = json::array();
     for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", utf8_sanitize(model_.tokenizer->token_bytes(id))}});
     out["tokens"] = pieces;

@@ -64,6 +64,13 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSGS, "logit_bias": {"1": 5}}, "logit_bias", []),
     (CHAT, {"messages": MSGS, "response_format": {"type": "json_object"}}, "response_format", []),
     (CHAT, {"messages": MSGS, "functions": []}, "functions", []),
+    # nested fields of the wrong type are refused as values, never a 500
+    (CHAT, {"messages": MSGS, "tools": [{"type": 3}]}, "tools[0]", []),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": 5, "function": {"name": "f"}}}, "tool_choice", []),
+    (CHAT, {"messages": MSGS, "response_format": {"type": 1}}, "response_format", []),
+    (CHAT, {"messages": [{"role": "user", "content": 7}]}, "messages", []),
+    (CHAT, {"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]}, "messages", []),
     (COMP, {"prompt": ""}, "prompt", ["empty"]),
     (COMP, {"prompt": ["a", "b"]}, "prompt", ["one"]),
     (COMP, {"prompt": [1, -2]}, "prompt", []),
@@ -91,6 +98,17 @@ def test_bad_request_is_400_naming_the_field(server, path, body, param, words):
 def test_malformed_bodies(server, raw, words):
     status, _, data = server.request("POST", CHAT, raw)
     check_error(status, json.loads(data), 400, "invalid_request_error", None, words)
+
+
+def test_tokenize_errors(server, enc):
+    status, _, r = server.post("/tokenize", {"content": "x", "with_pieces": "yes"})
+    check_error(status, r, 400, "invalid_request_error", "with_pieces")
+    status, _, r = server.post("/tokenize", {"text": "x"})
+    check_error(status, r, 400, "invalid_request_error", "content")
+    status, _, r = server.post("/detokenize", {"tokens": [1, -1]})
+    check_error(status, r, 400, "invalid_request_error", "tokens")
+    status, _, r = server.post("/tokenize", {"content": "x", "with_pieces": True})
+    assert status == 200 and r["tokens"] == [{"id": enc.encode("x")[0], "piece": "x"}]
 
 
 def test_unknown_fields_are_ignored(server):
