@@ -454,9 +454,19 @@ TEST(Engine, QueueBoundThrowsEngineFull) {
 // Many threads submit at once; some requests are cancelled by id, some by their callback, some
 // left to finish; the pool is small so admission waits. Every request ends exactly once and no
 // KV block stays held.
-TEST(Engine, ConcurrentSubmitsAndRandomCancelsNeverLeak) {
+class EngineStress : public ::testing::TestWithParam<bool> {};  // param: with a drafter
+
+TEST_P(EngineStress, ConcurrentSubmitsAndRandomCancelsNeverLeak) {
   const DeepseekV3& m = fixture_model("k2-bf16");
   EngineOptions opt;
+  if (GetParam()) {
+    // Drafts from an unrelated continuation: mostly wrong, sometimes right by chance.
+    const std::vector<int32_t> truth = make_prompt(m.config(), 64, 5);
+    opt.make_drafter = [&m, truth] {
+      return std::make_unique<SyntheticDrafter>(truth, std::vector<double>{0.5, 0.3}, 4, m.config().vocab_size, 2);
+    };
+    opt.spec.budget = 5;
+  }
   opt.context = 64;
   opt.n_parallel = 5;
   opt.kv_block = 4;
@@ -504,6 +514,9 @@ TEST(Engine, ConcurrentSubmitsAndRandomCancelsNeverLeak) {
   EXPECT_EQ(mt.waiting, 0);
   EXPECT_EQ(mt.requests_finished, uint64_t(n_threads * per_thread));
 }
+
+INSTANTIATE_TEST_SUITE_P(ArAndSpec, EngineStress, ::testing::Bool(),
+                         [](const auto& p) { return std::string(p.param ? "ddtree" : "ar"); });
 
 // Speculative decoding in the engine: one verify forward for every sequence's tree. The synthetic
 // drafter knows the continuation of request 0 only, so request 0 accepts long runs while the others
