@@ -5,7 +5,6 @@
 // that true (tests/unit/test_output_parser.cpp and tests/fuzz/fuzz_output_parser.cpp check it).
 #include "server/output_parser.h"
 
-#include <algorithm>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -50,14 +49,14 @@ std::string_view trim(std::string_view s) {
   return s.substr(b, e - b + 1);
 }
 
-// "functions.NAME:IDX" → NAME; also accepts a missing "functions." and a missing ":IDX".
+// "functions.NAME:IDX" → NAME. Also accepts a missing "functions." and a missing ":IDX", and an
+// IDX that is not a number (a model imitating another model's ids from the history, e.g.
+// "functions.get_weather:call_7f3a"): OpenAI function names cannot hold ':', so the last ':' always
+// starts the index.
 std::string name_from_id(std::string_view id) {
   constexpr std::string_view kPrefix = "functions.";
   if (id.starts_with(kPrefix)) id.remove_prefix(kPrefix.size());
-  const size_t colon = id.rfind(':');
-  if (colon != std::string_view::npos && colon + 1 < id.size() &&
-      std::all_of(id.begin() + static_cast<ptrdiff_t>(colon) + 1, id.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    id = id.substr(0, colon);
+  if (const size_t colon = id.rfind(':'); colon != std::string_view::npos) id = id.substr(0, colon);
   return std::string(id);
 }
 

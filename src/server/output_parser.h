@@ -21,9 +21,11 @@
 //   text between calls is dropped when it is only whitespace, else it is content. Think markers
 //   inside a call's arguments are argument text; stray tool markers anywhere else are dropped.
 // - Call header (between <|tool_call_begin|> and <|tool_call_argument_begin|>), trimmed: the id is the
-//   header as generated; the name is the header without a leading "functions." and without a trailing
-//   ":DIGITS" ("functions.get-weather.v2:0" → "get-weather.v2", "get_weather:0" → "get_weather",
-//   "call_abc" → "call_abc"). Arguments are trimmed of surrounding whitespace, otherwise verbatim.
+//   header as generated; the name is the header without a leading "functions." and without the last
+//   ':' and what follows ("functions.get-weather.v2:0" → "get-weather.v2", "get_weather:0" →
+//   "get_weather", "functions.f:call_7f3a" → "f", "call_abc" → "call_abc": a header with neither part
+//   is taken whole as the name, the server may check it against the declared tools). Arguments are
+//   trimmed of surrounding whitespace, otherwise verbatim.
 // - Never a marker in content/reasoning: while not final, a tail that is a proper prefix of a marker
 //   is held back; when final, a dangling tail that starts like a tool marker ("<|…", i.e. a marker cut
 //   by max_tokens) is dropped, a shorter one ("<", "</th") is kept as text.
