@@ -153,9 +153,7 @@ class Parser {
     switch (mode_) {
       case Mode::content: out_.content += s; break;
       case Mode::reasoning: out_.reasoning += s; break;
-      case Mode::section:
-        if (!all_whitespace(s)) out_.content += s;
-        break;
+      case Mode::section: section_text_ += s; break;  // the next marker decides (see on_marker)
       case Mode::header: header_ += s; break;
       case Mode::args: raw_args_ += s; break;
     }
@@ -171,6 +169,17 @@ class Parser {
         if (k == Kind::call_begin) begin_header();            // a call without a section begin
         return;                                               // other stray tool markers: dropped
       case Mode::section:
+        // Text in the section followed by an argument begin is the header of a call that lacks
+        // <|tool_call_begin|> (seen in the wild); any other text there is content unless blank.
+        if (k == Kind::arg_begin && !all_whitespace(section_text_)) {
+          header_ = std::move(section_text_);
+          section_text_.clear();
+          start_call();
+          mode_ = Mode::args;
+          raw_args_.clear();
+          return;
+        }
+        flush_section_text();
         if (k == Kind::section_end) mode_ = Mode::content;
         if (k == Kind::call_begin) begin_header();
         return;
@@ -197,6 +206,11 @@ class Parser {
     if (k == Kind::call_begin) begin_header();
     else if (k == Kind::section_end) mode_ = Mode::content;
     else mode_ = Mode::section;
+  }
+
+  void flush_section_text() {
+    if (!all_whitespace(section_text_)) out_.content += section_text_;
+    section_text_.clear();
   }
 
   void begin_header() {
@@ -235,8 +249,14 @@ class Parser {
     if (!final_ || tool) s.remove_suffix(partial);  // held back, or a marker cut by max_tokens
     switch (mode_) {
       case Mode::content:
-      case Mode::reasoning:
-      case Mode::section: closed_segment(s); return;
+      case Mode::reasoning: closed_segment(s); return;
+      case Mode::section:
+        // Held while streaming: an argument begin may still turn it into a call header.
+        if (final_) {
+          section_text_ += s;
+          flush_section_text();
+        }
+        return;
       case Mode::header:
         // Announced only with a complete header (the first delta must carry id and name), or at
         // the end of generation as a cut call.
@@ -259,6 +279,7 @@ class Parser {
   const ParsedOutput* prev_;
   Mode mode_ = Mode::content;
   ParsedOutput out_;
+  std::string section_text_;  // text in the section since the last marker
   std::string header_;    // the current call's header so far
   std::string raw_args_;  // the current call's argument text so far, untrimmed
   ParsedToolCall call_;   // the current call once its header is complete

@@ -17,9 +17,11 @@
 // - Tolerated: the singular <|tool_call_section_begin|>/<|tool_call_section_end|>; whitespace and
 //   newlines between markers; a call begin without a section begin; a call closed by the next call
 //   begin or the section end instead of <|tool_call_end|> (the call counts as complete and its JSON is
-//   checked); a missing section end (text after a section end is content again). Inside the section,
-//   text between calls is dropped when it is only whitespace, else it is content. Think markers
-//   inside a call's arguments are argument text; stray tool markers anywhere else are dropped.
+//   checked); a missing section end (text after a section end is content again); a call without
+//   <|tool_call_begin|> (section text followed by <|tool_call_argument_begin|> is its header). Other
+//   text between calls is dropped when it is only whitespace, else it is content; while streaming it
+//   is held until the next marker decides. Think markers inside a call's arguments are argument text;
+//   stray markers anywhere else are dropped.
 // - Call header (between <|tool_call_begin|> and <|tool_call_argument_begin|>), trimmed: the id is the
 //   header as generated; the name is the header without a leading "functions." and without the last
 //   ':' and what follows ("functions.get-weather.v2:0" → "get-weather.v2", "get_weather:0" →

@@ -133,6 +133,12 @@ std::vector<Case> cases() {
       {"text_between_calls_is_content",
        SB + CB + "functions.a:0" + AB + "{}" + CE + " note " + CB + "functions.b:1" + AB + "{}" + CE + SE, plain, "",
        " note ", {{"functions.a:0", "a", "{}"}, {"functions.b:1", "b", "{}"}}},
+      {"call_without_call_begin", "a" + SB + "functions.f:0" + AB + W + SE + "b", plain, "", "ab",
+       {{"functions.f:0", "f", W}}},
+      {"second_call_without_call_begin",
+       SB + CB + "functions.a:0" + AB + "{}" + CE + "\nfunctions.b:1" + AB + "{}" + CE + SE, plain, "", "",
+       {{"functions.a:0", "a", "{}"}, {"functions.b:1", "b", "{}"}}},
+      {"blank_before_argument_begin_in_section", SB + " " + AB + "{}" + SE, plain, "", "{}", {}},
       {"think_markers_in_section_dropped", SB + TO + CB + "functions.a:0" + AB + "{}" + CE + TC + SE, plain, "", "",
        {{"functions.a:0", "a", "{}"}}},
       {"think_markers_inside_arguments_are_text",
@@ -321,6 +327,9 @@ TEST(OutputParser, HoldsBackPartialMarkersUntilResolved) {
   EXPECT_FALSE(p.tool_calls[0].complete);
   // Whitespace between calls is held: it may be dropped.
   EXPECT_EQ(kd::parse_kimi_output(SB + "\n  ", o, false).content, "");
+  // Text in a section is held: it may be the header of a call without <|tool_call_begin|>.
+  EXPECT_EQ(kd::parse_kimi_output(SB + "functions.f:0", o, false).content, "");
+  EXPECT_EQ(kd::parse_kimi_output(SB + "functions.f:0", o, true).content, "functions.f:0");
 }
 
 TEST(OutputParser, LargeArgumentsAreNeverTruncated) {
