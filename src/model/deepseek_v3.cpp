@@ -231,19 +231,45 @@ void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, Forwa
   std::vector<std::vector<std::pair<int64_t, float>>> rows_of(static_cast<size_t>(E));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t k = 0; k < K; ++k) rows_of[size_t(chosen[size_t(i * K + k)])].push_back({i, weight[size_t(i * K + k)]});
-  std::vector<float> xe, ye;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = rows_of[size_t(e)];
-    if (rows.empty()) continue;
-    const int64_t m = int64_t(rows.size());
-    xe.resize(static_cast<size_t>(m * hid));
-    ye.resize(static_cast<size_t>(m * hid));
-    for (int64_t j = 0; j < m; ++j) std::memcpy(&xe[size_t(j * hid)], x + rows[size_t(j)].first * hid, size_t(hid) * sizeof(float));
-    mlp(w.experts[size_t(e)], xe.data(), m, ye.data(), st);
-    for (int64_t j = 0; j < m; ++j) {
+  // With enough active experts (a batch of decode rows), experts run in parallel, each on its own
+  // rows with its linears inline on one thread: one hand-off per layer instead of one per expert
+  // matrix. With few, each expert's linears split their rows across threads instead. Results do
+  // not depend on the split; the sum below stays in ascending expert id per row.
+  std::vector<int64_t> active;
+  int64_t work = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (!rows_of[size_t(e)].empty()) {
+      active.push_back(e);
+      work += int64_t(rows_of[size_t(e)].size()) * 3 * cfg_.moe_intermediate_size * hid;
+    }
+  std::vector<std::vector<float>> ye(active.size());
+  std::vector<ForwardStats> est(active.size());
+  const int64_t n_active = int64_t(active.size());
+  ThreadPool& pool = ThreadPool::global();
+  const bool by_expert = n_active >= 2 * pool.size() && work >= (int64_t(1) << 15);
+  auto run_experts = [&](int64_t a0, int64_t a1) {
+    std::vector<float> xe;
+    for (int64_t ai = a0; ai < a1; ++ai) {
+      const auto& rows = rows_of[size_t(active[size_t(ai)])];
+      const int64_t m = int64_t(rows.size());
+      xe.resize(static_cast<size_t>(m * hid));
+      ye[size_t(ai)].resize(static_cast<size_t>(m * hid));
+      for (int64_t j = 0; j < m; ++j) std::memcpy(&xe[size_t(j * hid)], x + rows[size_t(j)].first * hid, size_t(hid) * sizeof(float));
+      mlp(w.experts[size_t(active[size_t(ai)])], xe.data(), m, ye[size_t(ai)].data(), st ? &est[size_t(ai)] : nullptr);
+    }
+  };
+  if (by_expert)
+    pool.parallel_for(n_active, 1, run_experts);
+  else
+    run_experts(0, n_active);
+  for (int64_t ai = 0; ai < n_active; ++ai) {
+    const auto& rows = rows_of[size_t(active[size_t(ai)])];
+    if (st) st->weight_bytes += est[size_t(ai)].weight_bytes;
+    for (int64_t j = 0; j < int64_t(rows.size()); ++j) {
       float* o = out + rows[size_t(j)].first * hid;
       const float wt = rows[size_t(j)].second;
-      for (int64_t d = 0; d < hid; ++d) o[d] += ye[size_t(j * hid + d)] * wt;
+      const float* y = &ye[size_t(ai)][size_t(j * hid)];
+      for (int64_t d = 0; d < hid; ++d) o[d] += y[d] * wt;
     }
   }
   if (cfg_.n_shared_experts > 0) {

@@ -664,35 +664,47 @@ namespace kd {
 namespace {
 
 // Throughput of the engine on a model directory ($KDTREE_BENCH_MODEL, e.g. one made by
-// `kdtree make-model --preset small`): 8 requests one at a time vs 8 in one batch. Not a test
-// (prints numbers); run with --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'.
-TEST(EngineBench, DISABLED_ThroughputAloneVsBatchOf8) {
+// `kdtree make-model --preset small`): N requests one at a time vs N in one batch
+// ($KDTREE_BENCH_REQUESTS, default 8; $KDTREE_BENCH_PROMPT prompt tokens, default 32;
+// $KDTREE_BENCH_TOKENS new tokens each, default 32). Not a test (prints numbers); run with
+// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'.
+int64_t env_int(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::atoll(v) : dflt;
+}
+
+TEST(EngineBench, DISABLED_ThroughputAloneVsBatch) {
   const char* dir = std::getenv("KDTREE_BENCH_MODEL");
   if (!dir) GTEST_SKIP() << "set KDTREE_BENCH_MODEL to a model directory";
   Checkpoint ck(dir);
   DeepseekV3 m(ck);
-  const int64_t n_gen = std::getenv("KDTREE_BENCH_TOKENS") ? std::atoll(std::getenv("KDTREE_BENCH_TOKENS")) : 32;
-  for (int64_t par : {1, 8}) {
+  const int64_t n_req = env_int("KDTREE_BENCH_REQUESTS", 8), n_prompt = env_int("KDTREE_BENCH_PROMPT", 32);
+  const int64_t n_gen = env_int("KDTREE_BENCH_TOKENS", 32);
+  for (int64_t par : {int64_t(1), n_req}) {
     EngineOptions opt;
     opt.n_parallel = par;
     opt.context = 512;
+    opt.max_queue = n_req;
     Sink sink;
     const double t0 = now_s();
     {
       Engine eng(m, opt);
-      for (int k = 0; k < 8; ++k) {
+      for (int64_t k = 0; k < n_req; ++k) {
         EngineRequest r;
-        r.prompt = make_prompt(m.config(), 32, k);
+        r.prompt = make_prompt(m.config(), n_prompt, int(k));
         r.gen.max_new_tokens = n_gen;
         r.gen.ignore_eos = true;
         r.on_event = sink.callback(size_t(k));
         eng.submit(std::move(r));
       }
-      sink.wait_done(8);
+      sink.wait_done(size_t(n_req));
       const double s = now_s() - t0;
+      double decode_ms = 0;
+      for (int64_t k = 0; k < n_req; ++k) decode_ms += sink.get(size_t(k)).stats.decode_ms;
       const EngineMetrics mt = eng.metrics();
-      std::printf("n_parallel=%lld: %llu generated tokens in %.2f s = %.1f tokens/s (%llu steps)\n", (long long)par,
-                  (unsigned long long)mt.generated_tokens, s, double(mt.generated_tokens) / s, (unsigned long long)mt.steps);
+      std::printf("n_parallel=%lld: %llu tokens in %.2f s = %.1f tokens/s (%llu steps; mean decode time per request %.0f ms)\n",
+                  (long long)par, (unsigned long long)mt.generated_tokens, s, double(mt.generated_tokens) / s,
+                  (unsigned long long)mt.steps, decode_ms / double(n_req));
     }
   }
 }
