@@ -1,6 +1,7 @@
 // `kdtree serve`: the OpenAI-compatible HTTP server (src/server/). Binds first, then loads the
 // model while /health answers 503; SIGINT / SIGTERM stop it cleanly (streams in flight are cancelled).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <memory>
@@ -57,7 +58,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
       ->check(CLI::Range(1, 3600));
   c->add_option("--max-body", o.max_body_mb, "Largest request body in MiB; larger ones get 413 (default 16)")
       ->check(CLI::Range(1, 4096));
-  c->add_option("--threads-http", o.threads_http, "HTTP worker threads; each open request holds one (default 96)")
+  c->add_option("--threads-http", o.threads_http, "HTTP worker threads; each open request holds one (default: parallel + max-queue + 32, at least 64)")
       ->check(CLI::Range(1, 4096));
   c->add_option("--device", o.device, "cpu (default) or cuda (not in this build)");
 }
@@ -93,7 +94,9 @@ int cmd_serve(const ServeOptions& o) {
   so.timeout_s = o.timeout_s;
   so.idle_timeout_s = o.idle_timeout_s;
   so.max_body_bytes = size_t(o.max_body_mb) << 20;
-  so.http_threads = o.threads_http;
+  // Every running and waiting request holds a worker; the slack serves /health, /metrics and the
+  // requests that are answered 503 once the queue is full.
+  so.http_threads = o.threads_http > 0 ? o.threads_http : int(std::max<int64_t>(64, o.parallel + o.max_queue + 32));
 
   // Signals go to this thread only (sigwait below): block them before any thread starts.
   const sigset_t sigs = stop_signals();

@@ -277,7 +277,7 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body_text) {
   json body;
   try {
     body = json::parse(body_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     const std::string what = e.what();
     if (what.find("UTF-8") != std::string::npos)
       bad_request("", cat("request body is not valid UTF-8 (", what, ")"));

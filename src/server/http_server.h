@@ -27,7 +27,7 @@ struct ServerOptions {
   int64_t timeout_s = 600;     // read / write timeout of a connection (a stalled client is dropped)
   int64_t idle_timeout_s = 5;  // keep-alive: an idle connection is closed after this
   size_t max_body_bytes = size_t(16) << 20;
-  int http_threads = 0;        // 0: enough for every running and waiting request plus slack
+  int http_threads = 0;        // worker threads; 0: 96
 };
 
 class HttpServer {

@@ -94,6 +94,8 @@ def test_bad_request_is_400_naming_the_field(server, path, body, param, words):
     (b'[1, 2]', ["JSON object"]),
     (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', ["UTF-8"]),
     (b'', ["not valid JSON"]),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e999}', ["not valid JSON"]),  # number overflow
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', ["not valid JSON"]),  # lone surrogate
 ])
 def test_malformed_bodies(server, raw, words):
     status, _, data = server.request("POST", CHAT, raw)
