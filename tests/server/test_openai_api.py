@@ -203,3 +203,15 @@ def test_generation_config_defaults(tiny_model, tmp_path):
         assert r.choices[0].text == greedy.choices[0].text
     finally:
         s.stop()
+
+
+def test_equivalent_spellings(server):
+    """One-element prompt lists, integral floats and vLLM's top_k -1 mean what they say."""
+    base = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.7, "seed": 4, "ignore_eos": True}
+    want = server.post("/v1/completions", base)[2]["choices"][0]["text"]
+    for variant in ({"prompt": [PROMPT]}, {"max_tokens": 6.0}, {"top_k": -1}, {"top_k": 0},
+                    {"max_tokens": 99, "max_completion_tokens": 6}, {"stop": None, "n": 1, "logprobs": None}):
+        status, _, r = server.post("/v1/completions", {**base, **variant})
+        assert status == 200, (variant, r)
+        assert r["choices"][0]["text"] == want, variant
+        assert r["usage"]["completion_tokens"] == 6
