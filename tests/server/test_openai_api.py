@@ -215,3 +215,13 @@ def test_equivalent_spellings(server):
         assert status == 200, (variant, r)
         assert r["choices"][0]["text"] == want, variant
         assert r["usage"]["completion_tokens"] == 6
+
+
+def test_streamed_logprobs_equal_non_streamed(client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0.6, seed=8, max_tokens=7,
+              logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole]
+    assert len(whole) == 7
