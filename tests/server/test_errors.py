@@ -261,3 +261,14 @@ def test_health_503_while_loading(tiny_model, tmp_path):
         assert s.post(CHAT, {"messages": MSGS, "max_tokens": 2})[0] == 200
     finally:
         s.stop()
+
+
+def test_idle_connection_is_closed(server):
+    """A connection that never sends a request is closed after --idle-timeout (1 s in these tests)."""
+    import socket
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.settimeout(10)
+    t0 = time.time()
+    assert sock.recv(1024) == b""  # orderly close by the server
+    assert time.time() - t0 < 5
+    sock.close()
