@@ -264,8 +264,14 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
         ch->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !ch->events.empty(); });
         batch.swap(ch->events);
       }
+      if (stopping_) {  // shutting down: do not let a long generation hold the exit
+        ch->abandon = true;
+        engine_->cancel(engine_id);
+        emit(error_json(503, "unavailable_error", "server shutting down"));
+        return false;
+      }
       if (batch.empty()) {
-        if (stopping_ || !client_alive()) {
+        if (!client_alive()) {
           ch->abandon = true;
           engine_->cancel(engine_id);
           return false;

@@ -272,3 +272,29 @@ def test_idle_connection_is_closed(server):
     assert sock.recv(1024) == b""  # orderly close by the server
     assert time.time() - t0 < 5
     sock.close()
+
+
+def test_sigterm_mid_stream_exits_promptly(tiny_model, tmp_path):
+    """SIGTERM with a long stream in flight: the stream is cancelled (it gets an error event, no
+    [DONE]) and the server exits 0 within seconds, not after the generation."""
+    import socket
+    s = Server(tiny_model, tmp_path / "serve.log")
+    body = b'{"prompt":"long","max_tokens":100000,"ignore_eos":true,"stream":true}'
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    data = b""
+    while data.count(b"data: ") < 3:
+        data += sock.recv(4096)
+    t0 = time.time()
+    s.proc.terminate()
+    sock.settimeout(20)
+    while True:
+        more = sock.recv(65536)
+        if not more:
+            break
+        data += more
+    s.proc.wait(timeout=20)
+    assert time.time() - t0 < 10
+    assert s.proc.returncode == 0, s.log.read_text()[-2000:]
+    assert b"server shutting down" in data and b"[DONE]" not in data
