@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   kd::cli::TreeOptions tree;
   kd::cli::TokenizeOptions tokenize;
   kd::cli::ChatTemplateOptions chat_template;
+  kd::cli::ServeOptions serve;
   kd::cli::add_run(app, run);
   kd::cli::add_inspect(app, inspect);
   kd::cli::add_make_model(app, make);
@@ -35,13 +36,14 @@ int main(int argc, char** argv) {
   kd::cli::add_tree(app, tree);
   kd::cli::add_tokenize(app, tokenize);
   kd::cli::add_chat_template(app, chat_template);
+  kd::cli::add_serve(app, serve);
 
   // Name an unknown command instead of CLI11's generic "a subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, tokenize, chat-template; see kdtree --help)\n", argv[1]);
+      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, tokenize, chat-template, serve; see kdtree --help)\n", argv[1]);
       return 2;
     }
   }
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("tree")) return kd::cli::cmd_tree(tree);
     if (app.got_subcommand("tokenize")) return kd::cli::cmd_tokenize(tokenize);
     if (app.got_subcommand("chat-template")) return kd::cli::cmd_chat_template(chat_template);
+    if (app.got_subcommand("serve")) return kd::cli::cmd_serve(serve);
   } catch (const kd::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -28,6 +28,17 @@ inline void cpu_relax() {
 }
 }  // namespace
 
+namespace {
+// Set while this thread runs a parallel_for chunk: a parallel_for called from inside one (a
+// per-expert MLP inside a loop over experts) runs inline on the calling thread instead of
+// re-entering the pool. The split never changes results (one thread per output element).
+thread_local bool t_in_job = false;
+struct InJob {
+  InJob() { t_in_job = true; }
+  ~InJob() { t_in_job = false; }
+};
+}  // namespace
+
 void ThreadPool::worker(int idx) {
   uint64_t seen = 0;
   for (;;) {
@@ -44,7 +55,10 @@ void ThreadPool::worker(int idx) {
     }
     seen = g;
     const auto r = ranges_[size_t(idx)];
-    if (r.first < r.second) (*job_)(r.first, r.second);
+    if (r.first < r.second) {
+      InJob in_job;
+      (*job_)(r.first, r.second);
+    }
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lk(mu_);
       cv_done_.notify_one();
@@ -54,6 +68,10 @@ void ThreadPool::worker(int idx) {
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
+  if (t_in_job) {
+    fn(0, n);
+    return;
+  }
   int64_t chunks = std::min<int64_t>(n_threads_, std::max<int64_t>(1, n / std::max<int64_t>(1, grain)));
   if (chunks <= 1) {
     fn(0, n);
@@ -68,7 +86,10 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     generation_.fetch_add(1, std::memory_order_release);
   }
   cv_work_.notify_all();
-  fn(ranges_[0].first, ranges_[0].second);  // the caller takes chunk 0
+  {
+    InJob in_job;
+    fn(ranges_[0].first, ranges_[0].second);  // the caller takes chunk 0
+  }
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
     if (spins < kSpins) {
       cpu_relax();

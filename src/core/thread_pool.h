@@ -22,6 +22,7 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   // Calls fn(begin, end) over [0, n) split into at most size() contiguous chunks of at least `grain`.
+  // Called from inside a chunk (nested), it runs fn(0, n) inline on that thread.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool (KDTREE_THREADS or hardware concurrency).

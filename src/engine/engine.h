@@ -9,6 +9,13 @@
 //
 // This header is the contract between the engine and the HTTP server (src/server/): the server
 // talks to the engine only through submit / cancel / metrics and the per-request event callback.
+//
+// KV admission is by reservation: a request is admitted when the pool (free blocks plus evictable
+// prefix-cache blocks, minus what running sequences reserved) holds its worst case — prompt + max
+// new tokens (+ one verify tree with a drafter); running sequences are never preempted. Block
+// storage is allocated on first use, so a large kv_tokens costs memory only when used.
+// The forward uses the process-wide ThreadPool, which serves one calling thread at a time: while an
+// engine runs, run no other model forward (generate_ar, generate_ddtree) on another thread.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -64,6 +71,7 @@ struct EngineEvent {
   std::string finish_reason;           // when done: "stop" | "length" | "cancelled" | "error"
   std::string error;                   // when finish_reason == "error"
   RequestStats stats;                  // complete when done
+  std::vector<float> logits;           // [ids.size(), vocab] each token was drawn from, when gen.keep_logits
 };
 
 struct EngineRequest {
@@ -71,6 +79,7 @@ struct EngineRequest {
   // max_new_tokens, sampling (with its seed), ignore_eos, stop_ids, context. seq_id must stay 0
   // (or the caller's choice) — never the engine's request id — so that a request's samples do not
   // depend on what else is running.
+  // gen.keep_logits fills EngineEvent::logits (tests, --dump-logits); keep_prompt_logits is refused.
   GenerateOptions gen;
   int32_t top_logprobs = -1;  // -1: no logprobs; 0…20: the chosen token's logprob and k alternatives
   // Called on the engine thread whenever tokens are committed and exactly once with done = true.
@@ -82,7 +91,9 @@ struct EngineRequest {
 
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
-  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // used: held by running sequences
+  int64_t kv_blocks_cached = 0;                     // prefix-cache entries (held or evictable)
+  uint64_t kv_evictions = 0;                        // cached blocks evicted (LRU) for new work
   uint64_t requests_finished = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0;
   uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;  // hit rate = hit / query

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kv/kv_view.h"
 
 namespace kd {
 
@@ -27,6 +28,16 @@ class LatentCache {
   }
   float* row(int64_t layer, int64_t pos) { return layers_[size_t(layer)].data() + pos * dim_; }
   const float* row(int64_t layer, int64_t pos) const { return layers_[size_t(layer)].data() + pos * dim_; }
+  // The rows reserved so far as a view (invalidated by the next reserve()).
+  KvView view() {
+    KvView v;
+    v.dim = dim_;
+    v.n_layers = int64_t(layers_.size());
+    v.block_tokens = layers_.empty() ? 0 : int64_t(layers_[0].size()) / dim_;
+    if (v.block_tokens == 0) return v;
+    for (auto& l : layers_) v.ptrs.push_back(l.data());
+    return v;
+  }
   void commit(int64_t n) { size_ = n; }  // also truncates
   // DDTree compaction: the scratch rows start + keep[k] move to start + k in every layer and the
   // cache commits start + keep.size() rows. keep must increase with keep[k] ≥ k (a tree path in pop

@@ -231,19 +231,45 @@ void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, Forwa
   std::vector<std::vector<std::pair<int64_t, float>>> rows_of(static_cast<size_t>(E));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t k = 0; k < K; ++k) rows_of[size_t(chosen[size_t(i * K + k)])].push_back({i, weight[size_t(i * K + k)]});
-  std::vector<float> xe, ye;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = rows_of[size_t(e)];
-    if (rows.empty()) continue;
-    const int64_t m = int64_t(rows.size());
-    xe.resize(static_cast<size_t>(m * hid));
-    ye.resize(static_cast<size_t>(m * hid));
-    for (int64_t j = 0; j < m; ++j) std::memcpy(&xe[size_t(j * hid)], x + rows[size_t(j)].first * hid, size_t(hid) * sizeof(float));
-    mlp(w.experts[size_t(e)], xe.data(), m, ye.data(), st);
-    for (int64_t j = 0; j < m; ++j) {
+  // With enough active experts (a batch of decode rows), experts run in parallel, each on its own
+  // rows with its linears inline on one thread: one hand-off per layer instead of one per expert
+  // matrix. With few, each expert's linears split their rows across threads instead. Results do
+  // not depend on the split; the sum below stays in ascending expert id per row.
+  std::vector<int64_t> active;
+  int64_t work = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (!rows_of[size_t(e)].empty()) {
+      active.push_back(e);
+      work += int64_t(rows_of[size_t(e)].size()) * 3 * cfg_.moe_intermediate_size * hid;
+    }
+  std::vector<std::vector<float>> ye(active.size());
+  std::vector<ForwardStats> est(active.size());
+  const int64_t n_active = int64_t(active.size());
+  ThreadPool& pool = ThreadPool::global();
+  const bool by_expert = n_active >= 2 * pool.size() && work >= (int64_t(1) << 15);
+  auto run_experts = [&](int64_t a0, int64_t a1) {
+    std::vector<float> xe;
+    for (int64_t ai = a0; ai < a1; ++ai) {
+      const auto& rows = rows_of[size_t(active[size_t(ai)])];
+      const int64_t m = int64_t(rows.size());
+      xe.resize(static_cast<size_t>(m * hid));
+      ye[size_t(ai)].resize(static_cast<size_t>(m * hid));
+      for (int64_t j = 0; j < m; ++j) std::memcpy(&xe[size_t(j * hid)], x + rows[size_t(j)].first * hid, size_t(hid) * sizeof(float));
+      mlp(w.experts[size_t(active[size_t(ai)])], xe.data(), m, ye[size_t(ai)].data(), st ? &est[size_t(ai)] : nullptr);
+    }
+  };
+  if (by_expert)
+    pool.parallel_for(n_active, 1, run_experts);
+  else
+    run_experts(0, n_active);
+  for (int64_t ai = 0; ai < n_active; ++ai) {
+    const auto& rows = rows_of[size_t(active[size_t(ai)])];
+    if (st) st->weight_bytes += est[size_t(ai)].weight_bytes;
+    for (int64_t j = 0; j < int64_t(rows.size()); ++j) {
       float* o = out + rows[size_t(j)].first * hid;
       const float wt = rows[size_t(j)].second;
-      for (int64_t d = 0; d < hid; ++d) o[d] += ye[size_t(j * hid + d)] * wt;
+      const float* y = &ye[size_t(ai)][size_t(j * hid)];
+      for (int64_t d = 0; d < hid; ++d) o[d] += y[d] * wt;
     }
   }
   if (cfg_.n_shared_experts > 0) {
@@ -253,17 +279,28 @@ void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, Forwa
   }
 }
 
-void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, const ForwardArgs& a,
-                           const int32_t* positions, const std::vector<std::vector<int32_t>>& keys, float* out) const {
-  const int64_t n = a.n;
-  const AttnForm form = a.form;
-  ForwardStats* st = a.stats;
+// Per-forward bookkeeping shared by every layer: where each sequence's rows sit in the batch and
+// which keys each row attends to.
+struct DeepseekV3::BatchPlan {
+  int64_t n = 0;                        // rows in the batch
+  std::vector<int64_t> row0;            // [seqs]: first batch row of each sequence
+  std::vector<int32_t> positions;       // [n] RoPE positions
+  // [seqs][rows]: keys of each row, in cache order: every committed row, then the new rows it may
+  // see (causal, or its tree ancestors and itself). The order is the AR order of the same prefix,
+  // so a verified node reproduces its AR step bit for bit. The same for every layer.
+  std::vector<std::vector<std::vector<int32_t>>> keys;
+};
+
+void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, const BatchPlan& plan, const float* x,
+                           float* out, ForwardStats* st) const {
+  const int64_t n = plan.n;
   const LayerWeights& w = layers_[size_t(layer)];
   const ModelConfig& c = cfg_;
   const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
-  const int64_t qk = dn + dr, Lr = c.kv_lora_rank, D = c.latent_dim(), start = cache.size();
+  const int64_t qk = dn + dr, Lr = c.kv_lora_rank, D = c.latent_dim();
+  const int32_t* positions = plan.positions.data();
 
-  // Queries: q_b(RMSNorm(q_a x)), RoPE on each head's last dr values.
+  // Queries of all rows: q_b(RMSNorm(q_a x)), RoPE on each head's last dr values.
   std::vector<float> cq(static_cast<size_t>(n * c.q_lora_rank)), q(static_cast<size_t>(n * H * qk));
   cpu::linear(w.q_a, x, n, cq.data());
   cpu::rmsnorm(cq.data(), w.q_a_norm.data(), n, c.q_lora_rank, c.latent_norm_eps, cq.data());
@@ -271,67 +308,84 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, co
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < H; ++h) cpu::rope_gptj(&q[size_t((i * H + h) * qk + dn)], dr / 2, inv_freq_.data(), positions[i], rope_scaling_);
 
-  // Latent KV of the new tokens: [RMSNorm(c_kv) | RoPE(k_pe)] into the cache.
+  // Latent KV of the new rows: [RMSNorm(c_kv) | RoPE(k_pe)] into each sequence's cache.
   std::vector<float> kv(static_cast<size_t>(n * D));
   cpu::linear(w.kv_a, x, n, kv.data());
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = cache.row(layer, start + i);
-    cpu::rmsnorm(&kv[size_t(i * D)], w.kv_a_norm.data(), 1, Lr, c.latent_norm_eps, row);
-    std::memcpy(row + Lr, &kv[size_t(i * D + Lr)], size_t(dr) * sizeof(float));
-    cpu::rope_gptj(row + Lr, dr / 2, inv_freq_.data(), positions[i], rope_scaling_);
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const SeqForward& f = seqs[sq];
+    for (int64_t i = 0; i < f.args.n; ++i) {
+      const int64_t b = plan.row0[sq] + i;
+      float* row = f.kv.row(layer, f.start + i);
+      cpu::rmsnorm(&kv[size_t(b * D)], w.kv_a_norm.data(), 1, Lr, c.latent_norm_eps, row);
+      std::memcpy(row + Lr, &kv[size_t(b * D + Lr)], size_t(dr) * sizeof(float));
+      cpu::rope_gptj(row + Lr, dr / 2, inv_freq_.data(), positions[b], rope_scaling_);
+    }
   }
   if (st) st->weight_bytes += w.q_a.bytes() + w.q_b.bytes() + w.kv_a.bytes() + w.kv_b.bytes() + w.o.bytes();
 
-  const int64_t S = start + n;  // cache rows any new row may see
+  // Expanded sequences (HF's form): k_nope and v of every cached token re-projected through kv_b.
+  std::vector<std::vector<float>> kvb(seqs.size());
+  bool any_absorbed = false;
+  int64_t head_work = 0;
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const SeqForward& f = seqs[sq];
+    const int64_t S = f.start + f.args.n;  // cache rows any new row may see
+    head_work += f.args.n * S * (Lr + dr);
+    if (f.args.form != AttnForm::expanded) {
+      any_absorbed = true;
+      continue;
+    }
+    std::vector<float> ckv(static_cast<size_t>(S * Lr));
+    for (int64_t s = 0; s < S; ++s) std::memcpy(&ckv[size_t(s * Lr)], f.kv.row(layer, s), size_t(Lr) * sizeof(float));
+    kvb[sq].resize(static_cast<size_t>(S * H * (dn + dv)));
+    cpu::linear(w.kv_b, ckv.data(), S, kvb[sq].data());
+  }
   std::vector<float> attn(static_cast<size_t>(n * H * dv));
-  // Heads are split across threads only when their work (the head's kv_b rows, then n rows × S
-  // keys over the latent) outweighs a hand-off.
-  const int64_t head_work = H * ((dn + dv) * Lr + n * S * (Lr + dr));
+  // Heads are split across threads only when their work (the head's kv_b rows, then rows × keys
+  // over the latent) outweighs a hand-off. Each (row, head) is computed by one thread in a fixed
+  // order, so the split never changes bits.
+  head_work = H * ((dn + dv) * Lr + head_work);
   const int64_t head_grain = head_work >= (int64_t(1) << 16) ? 1 : H;
-  if (form == AttnForm::expanded) {
-    // HF's form: k_nope and v of every cached token re-projected through kv_b.
-    std::vector<float> ckv(static_cast<size_t>(S * Lr)), kvb(static_cast<size_t>(S * H * (dn + dv)));
-    for (int64_t s = 0; s < S; ++s) std::memcpy(&ckv[size_t(s * Lr)], cache.row(layer, s), size_t(Lr) * sizeof(float));
-    cpu::linear(w.kv_b, ckv.data(), S, kvb.data());
-    ThreadPool::global().parallel_for(H, head_grain, [&](int64_t h0, int64_t h1) {
-      std::vector<float> p(static_cast<size_t>(S));
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t i = 0; i < n; ++i) {
-          const float* qi = &q[size_t((i * H + h) * qk)];
-          const auto& ki = keys[size_t(i)];
-          const int64_t len = int64_t(ki.size());
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t t = 0; t < len; ++t) {
-            const int64_t s = ki[size_t(t)];
-            const float* ks = &kvb[size_t((s * H + h) * (dn + dv))];
-            p[size_t(t)] = (cpu::dot_f32(qi, ks, dn) + cpu::dot_f32(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
-            mx = std::max(mx, p[size_t(t)]);
-          }
-          float sum = 0;
-          for (int64_t t = 0; t < len; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
-          float* o = &attn[size_t((i * H + h) * dv)];
-          std::fill(o, o + dv, 0.0f);
-          for (int64_t t = 0; t < len; ++t) {
-            const float ps = p[size_t(t)] / sum;
-            const float* vs = &kvb[size_t((int64_t(ki[size_t(t)]) * H + h) * (dn + dv) + dn)];
-            for (int64_t d = 0; d < dv; ++d) o[d] += ps * vs[d];
-          }
-        }
-    });
-  } else {
-    // Absorbed: q_lat = W_UKᵀ q_nope attends over the latent directly; W_UV applies after the sum.
-    ThreadPool::global().parallel_for(H, head_grain, [&](int64_t h0, int64_t h1) {
-      std::vector<float> wkv(static_cast<size_t>((dn + dv) * Lr)), qlat(static_cast<size_t>(Lr)), olat(static_cast<size_t>(Lr)), p(static_cast<size_t>(S));
-      for (int64_t h = h0; h < h1; ++h) {
+  ThreadPool::global().parallel_for(H, head_grain, [&](int64_t h0, int64_t h1) {
+    std::vector<float> wkv, qlat(static_cast<size_t>(Lr)), olat(static_cast<size_t>(Lr)), p;
+    for (int64_t h = h0; h < h1; ++h) {
+      if (any_absorbed) {
+        wkv.resize(static_cast<size_t>((dn + dv) * Lr));
         for (int64_t r = 0; r < dn + dv; ++r) cpu::dequant_row(w.kv_b, h * (dn + dv) + r, &wkv[size_t(r * Lr)]);
-        for (int64_t i = 0; i < n; ++i) {
-          const float* qi = &q[size_t((i * H + h) * qk)];
+      }
+      for (size_t sq = 0; sq < seqs.size(); ++sq) {
+        const SeqForward& f = seqs[sq];
+        const KvView& cache = f.kv;
+        p.resize(static_cast<size_t>(f.start + f.args.n));
+        for (int64_t i = 0; i < f.args.n; ++i) {
+          const int64_t b = plan.row0[sq] + i;
+          const float* qi = &q[size_t((b * H + h) * qk)];
+          const auto& ki = plan.keys[sq][size_t(i)];
+          const int64_t len = int64_t(ki.size());
+          float* o = &attn[size_t((b * H + h) * dv)];
+          float mx = -std::numeric_limits<float>::infinity();
+          if (f.args.form == AttnForm::expanded) {
+            const std::vector<float>& kb = kvb[sq];
+            for (int64_t t = 0; t < len; ++t) {
+              const int64_t s = ki[size_t(t)];
+              const float* ks = &kb[size_t((s * H + h) * (dn + dv))];
+              p[size_t(t)] = (cpu::dot_f32(qi, ks, dn) + cpu::dot_f32(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
+              mx = std::max(mx, p[size_t(t)]);
+            }
+            float sum = 0;
+            for (int64_t t = 0; t < len; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
+            std::fill(o, o + dv, 0.0f);
+            for (int64_t t = 0; t < len; ++t) {
+              const float ps = p[size_t(t)] / sum;
+              const float* vs = &kb[size_t((int64_t(ki[size_t(t)]) * H + h) * (dn + dv) + dn)];
+              for (int64_t d = 0; d < dv; ++d) o[d] += ps * vs[d];
+            }
+            continue;
+          }
+          // Absorbed: q_lat = W_UKᵀ q_nope attends over the latent directly; W_UV applies after the sum.
           std::fill(qlat.begin(), qlat.end(), 0.0f);
           for (int64_t d = 0; d < dn; ++d)
             for (int64_t l = 0; l < Lr; ++l) qlat[size_t(l)] += qi[d] * wkv[size_t(d * Lr + l)];
-          const auto& ki = keys[size_t(i)];
-          const int64_t len = int64_t(ki.size());
-          float mx = -std::numeric_limits<float>::infinity();
           for (int64_t t = 0; t < len; ++t) {
             const float* ks = cache.row(layer, ki[size_t(t)]);
             p[size_t(t)] = (cpu::dot_f32(qlat.data(), ks, Lr) + cpu::dot_f32(qi + dn, ks + Lr, dr)) * softmax_scale_;
@@ -345,12 +399,11 @@ void DeepseekV3::attention(int64_t layer, LatentCache& cache, const float* x, co
             const float* ks = cache.row(layer, ki[size_t(t)]);
             for (int64_t l = 0; l < Lr; ++l) olat[size_t(l)] += ps * ks[l];
           }
-          float* o = &attn[size_t((i * H + h) * dv)];
           for (int64_t d = 0; d < dv; ++d) o[d] = cpu::dot_f32(&wkv[size_t((dn + d) * Lr)], olat.data(), Lr);
         }
       }
-    });
-  }
+    }
+  });
   cpu::linear(w.o, attn.data(), n, out);
 }
 
@@ -367,56 +420,102 @@ void DeepseekV3::forward(LatentCache& cache, const int32_t* ids, int64_t n, Attn
 }
 
 void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const {
+  const int64_t start = cache.size();
+  if (a.n <= 0) fail("forward: no tokens");
+  if (start + a.n > cache.max_tokens())
+    fail("context full: ", start, " + ", a.n, " tokens exceed the limit of ", cache.max_tokens());
+  cache.reserve(start + a.n);
+  std::vector<SeqForward> one(1);
+  one[0].kv = cache.view();
+  one[0].start = start;
+  one[0].args = a;
+  forward_batch(one, a.stats);
+  if (a.commit) cache.commit(start + a.n);
+}
+
+void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
   const ModelConfig& c = cfg_;
-  const int64_t hid = c.hidden_size, start = cache.size(), n = a.n;
-  if (n <= 0) fail("forward: no tokens");
-  for (int64_t i = 0; i < n; ++i)
-    if (a.ids[i] < 0 || a.ids[i] >= c.vocab_size)
-      fail("token id ", a.ids[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  if (start + n > cache.max_tokens())
-    fail("context full: ", start, " + ", n, " tokens exceed the limit of ", cache.max_tokens());
-  std::vector<int32_t> positions(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    positions[size_t(i)] = a.positions ? a.positions[i] : int32_t(start + i);
-    if (positions[size_t(i)] < 0 || positions[size_t(i)] >= c.max_position_embeddings)
-      fail("position ", positions[size_t(i)], " is outside the model's context [0, ", c.max_position_embeddings, ")");
+  const int64_t hid = c.hidden_size;
+  if (seqs.empty()) fail("forward: no sequences");
+  BatchPlan plan;
+  plan.row0.resize(seqs.size());
+  plan.keys.resize(seqs.size());
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const SeqForward& f = seqs[sq];
+    const ForwardArgs& a = f.args;
+    const int64_t n = a.n, start = f.start;
+    if (n <= 0) fail("forward: no tokens (sequence ", sq, " of the batch)");
+    if (start + n > f.kv.capacity())
+      fail("forward: ", start, " + ", n, " rows exceed the ", f.kv.capacity(), " KV rows of sequence ", sq);
+    for (int64_t i = 0; i < n; ++i)
+      if (a.ids[i] < 0 || a.ids[i] >= c.vocab_size)
+        fail("token id ", a.ids[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
+    plan.row0[sq] = plan.n;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t pos = a.positions ? a.positions[i] : int32_t(start + i);
+      if (pos < 0 || pos >= c.max_position_embeddings)
+        fail("position ", pos, " is outside the model's context [0, ", c.max_position_embeddings, ")");
+      plan.positions.push_back(pos);
+    }
+    plan.keys[sq].resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      auto& k = plan.keys[sq][size_t(i)];
+      k.reserve(size_t(start + i + 1));
+      for (int64_t s = 0; s < start; ++s) k.push_back(int32_t(s));
+      for (int64_t j = 0; j < n; ++j)
+        if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
+    }
+    plan.n += n;
   }
-  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
-  cache.reserve(start + n);
-  // Keys row i attends to, in cache order: every committed row, then the new rows it may see
-  // (causal, or its tree ancestors and itself). The order is the AR order of the same prefix, so a
-  // verified node reproduces its AR step bit for bit. The same for every layer.
-  std::vector<std::vector<int32_t>> keys(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    auto& k = keys[size_t(i)];
-    k.reserve(size_t(start + i + 1));
-    for (int64_t s = 0; s < start; ++s) k.push_back(int32_t(s));
-    for (int64_t j = 0; j < n; ++j)
-      if (a.visibility ? a.visibility[i * n + j] != 0 : j <= i) k.push_back(int32_t(start + j));
-  }
+  const int64_t n = plan.n;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (size_t sq = 0; sq < seqs.size(); ++sq)
+    std::copy_n(seqs[sq].args.ids, seqs[sq].args.n, ids.begin() + plan.row0[sq]);
 
   std::vector<float> x(size_t(n * hid)), xn(size_t(n * hid)), y(size_t(n * hid));
-  cpu::embed(embed_, a.ids, n, x.data());
+  cpu::embed(embed_, ids.data(), n, x.data());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];
     cpu::rmsnorm(x.data(), w.attn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
-    attention(l, cache, xn.data(), a, positions.data(), keys, y.data());
+    attention(l, seqs, plan, xn.data(), y.data(), stats);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     cpu::rmsnorm(x.data(), w.ffn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
-    ffn(l, xn.data(), n, y.data(), a.stats);
+    ffn(l, xn.data(), n, y.data(), stats);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     // HF's hidden_states[l + 1]: the residual stream after layer l, which DFlash taps.
-    for (int64_t t = 0; t < n_taps; ++t)
-      if ((*a.tap_layers)[size_t(t)] == l)
-        for (int64_t i = 0; i < n; ++i)
-          std::copy(&x[size_t(i * hid)], &x[size_t(i * hid)] + hid, a.taps + (i * n_taps + t) * hid);
+    for (size_t sq = 0; sq < seqs.size(); ++sq) {
+      const ForwardArgs& a = seqs[sq].args;
+      const int64_t n_taps = a.tap_layers && a.taps ? int64_t(a.tap_layers->size()) : 0;
+      for (int64_t t = 0; t < n_taps; ++t)
+        if ((*a.tap_layers)[size_t(t)] == l)
+          for (int64_t i = 0; i < a.n; ++i) {
+            const float* src = &x[size_t((plan.row0[sq] + i) * hid)];
+            std::copy(src, src + hid, a.taps + (i * n_taps + t) * hid);
+          }
+    }
   }
-  if (a.commit) cache.commit(start + n);
-  if (!a.logits) return;
-  const int64_t first = a.all_logits ? 0 : n - 1, rows = n - first;
-  cpu::rmsnorm(x.data() + first * hid, final_norm_.data(), rows, hid, c.rms_norm_eps, xn.data());
-  cpu::linear(lm_head_, xn.data(), rows, a.logits);
-  if (a.stats) a.stats->weight_bytes += lm_head_.bytes();
+  // Logits of the rows that want them (all rows, or each sequence's last), in one lm_head pass.
+  std::vector<int64_t> rows;
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const ForwardArgs& a = seqs[sq].args;
+    if (!a.logits) continue;
+    for (int64_t i = a.all_logits ? 0 : a.n - 1; i < a.n; ++i) rows.push_back(plan.row0[sq] + i);
+  }
+  if (rows.empty()) return;
+  const int64_t m = int64_t(rows.size()), V = c.vocab_size;
+  std::vector<float> xr(static_cast<size_t>(m * hid)), lg(static_cast<size_t>(m * V));
+  for (int64_t r = 0; r < m; ++r) std::copy_n(&x[size_t(rows[size_t(r)] * hid)], hid, &xr[size_t(r * hid)]);
+  cpu::rmsnorm(xr.data(), final_norm_.data(), m, hid, c.rms_norm_eps, xr.data());
+  cpu::linear(lm_head_, xr.data(), m, lg.data());
+  if (stats) stats->weight_bytes += lm_head_.bytes();
+  int64_t r = 0;
+  for (const SeqForward& f : seqs) {
+    const ForwardArgs& a = f.args;
+    if (!a.logits) continue;
+    const int64_t k = a.all_logits ? a.n : 1;
+    std::copy_n(&lg[size_t(r * V)], k * V, a.logits);
+    r += k;
+  }
 }
 
 }  // namespace kd

@@ -7,6 +7,7 @@
 
 #include "core/weight.h"
 #include "io/checkpoint.h"
+#include "kv/kv_view.h"
 #include "kv/latent_cache.h"
 
 namespace kd {
@@ -62,6 +63,17 @@ struct ForwardArgs {
   ForwardStats* stats = nullptr;
 };
 
+// One sequence's share of a batched forward (the serving engine's step): its KV rows, the rows
+// already committed there, and its new tokens. Every new row attends to rows [0, start) of its own
+// sequence and to the new rows of its own sequence that args' causal order or visibility mask
+// allows — never to another sequence. args.commit and args.stats are not read (the caller commits;
+// stats are per batch).
+struct SeqForward {
+  KvView kv;          // capacity ≥ start + args.n; the new rows' latents are written at start + i
+  int64_t start = 0;  // committed rows
+  ForwardArgs args;
+};
+
 class DeepseekV3 {
  public:
   explicit DeepseekV3(const Checkpoint& ckpt);  // validates every tensor's name, dtype and shape
@@ -80,14 +92,19 @@ class DeepseekV3 {
   void forward(LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
                float* logits, ForwardStats* stats = nullptr) const;
   void forward(LatentCache& cache, const ForwardArgs& args) const;
+  // Many sequences in one forward: every weight matrix is streamed once for all their rows. Row
+  // invariance (DESIGN.md §2) makes each sequence's latents, logits and taps bit-identical to a
+  // forward of that sequence alone; forward(cache, args) is this with one sequence.
+  void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const;
 
   // MoE router of one row of `layer` (SPEC-MODEL.md §2 MoE): from fp32 router logits [n_routed_experts]
   // to the chosen experts [num_experts_per_tok] (ascending id) and their weights.
   void route(int64_t layer, const float* router_logits, int32_t* experts, float* weights) const;
 
  private:
-  void attention(int64_t layer, LatentCache& cache, const float* x, const ForwardArgs& a, const int32_t* positions,
-                 const std::vector<std::vector<int32_t>>& keys, float* out) const;
+  struct BatchPlan;
+  void attention(int64_t layer, const std::vector<SeqForward>& seqs, const BatchPlan& plan, const float* x, float* out,
+                 ForwardStats* st) const;
   void ffn(int64_t layer, const float* x, int64_t n, float* out, ForwardStats* st) const;
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out, ForwardStats* st) const;
 

@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "sample/rng.h"
-#include "spec/tree.h"
+#include "spec/round.h"
 
 namespace kd {
 
@@ -77,7 +77,7 @@ SpecResult generate_ddtree(const DeepseekV3& model, Drafter& drafter, const std:
   t0 = now_s();
   int32_t bonus = choose(logits.data(), n_prompt);
   emit(bonus, logits.data());
-  std::vector<float> draft_logits(static_cast<size_t>((B - 1) * V));
+  std::vector<float> draft_logits;
   while (!done) {
     const int64_t start = cache.size();  // the bonus token's position
     // Draft positions this round: the block, cut so no node lies past the context or the length
@@ -85,24 +85,19 @@ SpecResult generate_ddtree(const DeepseekV3& model, Drafter& drafter, const std:
     const int64_t L = std::min({B - 1, ctx - 1 - start, n_max - int64_t(r.output_ids.size())});
     if (L < 1) fail("internal: no draft position left at ", start);
     double td = now_s();
-    drafter.draft(bonus, start, draft_logits.data());
-    DraftTree tree = spec.chain ? build_draft_chain(draft_logits.data(), L, V)
-                                : build_draft_tree(draft_logits.data(), L, V, spec.budget);
-    tree.tokens[0] = bonus;
+    const DraftRound round = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
+    const DraftTree& tree = round.tree;
     st.draft_ms += (now_s() - td) * 1e3;
 
     // Verify: one target forward over [bonus, nodes…] at positions start + depth, ancestors only.
     const int64_t n = tree.size();
-    std::vector<int32_t> positions(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = int32_t(start + tree.depths[size_t(i)]);
-    const std::vector<uint8_t> vis = tree.visibility();
     std::vector<float> vlogits(static_cast<size_t>(n * V)), vtaps(static_cast<size_t>(n * n_taps * c.hidden_size));
     double tv = now_s();
     ForwardArgs a;
     a.ids = tree.tokens.data();
     a.n = n;
-    a.positions = positions.data();
-    a.visibility = vis.data();
+    a.positions = round.positions.data();
+    a.visibility = round.visibility.data();
     a.commit = false;
     a.form = AttnForm::absorbed;
     a.all_logits = true;
@@ -117,20 +112,7 @@ SpecResult generate_ddtree(const DeepseekV3& model, Drafter& drafter, const std:
     st.drafted += n - 1;
 
     // Walk: follow the target's own choice while it matches a child; the first miss is the bonus.
-    std::vector<int32_t> path = {0};
-    int32_t cur = 0;
-    for (;;) {
-      const float* lg = &vlogits[size_t(cur) * size_t(V)];
-      const int32_t tok = choose(lg, start + tree.depths[size_t(cur)] + 1);
-      if (!emit(tok, lg)) break;
-      const int32_t child = tree.child_with_token(cur, tok);
-      if (child < 0) {
-        bonus = tok;
-        break;
-      }
-      cur = child;
-      path.push_back(child);
-    }
+    const std::vector<int32_t> path = accept_walk(tree, vlogits.data(), V, start, choose, emit, &bonus);
     const int64_t tau = int64_t(path.size());  // accepted drafts + 1
     st.accepted += tau - 1;
     ++st.tau_histogram[size_t(std::min(tau, B))];

@@ -1,0 +1,558 @@
+// The engine thread (engine.h): schedule → one batched forward → post-process, in a loop.
+//
+// KV admission is by reservation: a request is admitted only when the pool (free blocks plus
+// evictable prefix-cache blocks, minus what running sequences have reserved and not yet taken) can
+// hold its worst case — prompt + max new tokens (+ one verify tree with a drafter). A running
+// sequence therefore never runs out of blocks, nothing is ever preempted, and a request waits
+// until earlier ones finish; one whose worst case exceeds the whole pool is rejected at submit.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "core/log.h"
+#include "engine/sequence.h"
+#include "kv/paged_kv.h"
+#include "sample/rng.h"
+#include "sample/sampler.h"
+
+namespace kd {
+
+namespace {
+
+// Natural-log softmax of logits / temperature (plain logits when greedy) at `tok`, and the k most
+// likely tokens (higher logit first, lower id on ties).
+TokenLogprob logprob_of(const float* lg, int64_t V, float temperature, int32_t tok, int32_t k) {
+  const double inv = temperature > 0 ? 1.0 / double(temperature) : 1.0;
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(lg[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp((double(lg[i]) - mx) * inv);
+  const double lse = std::log(sum);
+  auto lp = [&](int64_t i) { return float((double(lg[i]) - mx) * inv - lse); };
+  TokenLogprob r;
+  r.id = tok;
+  r.logprob = lp(tok);
+  if (k > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) idx[size_t(i)] = int32_t(i);
+    const int64_t kk = std::min<int64_t>(k, V);
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                      [&](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
+    for (int64_t i = 0; i < kk; ++i) r.top.push_back({idx[size_t(i)], lp(idx[size_t(i)])});
+  }
+  return r;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  const DeepseekV3& model;
+  EngineOptions opt;
+  int64_t ctx = 0, V = 0;
+  int64_t draft_block = 0, draft_taps = 0;  // from a probe drafter; 0 without speculative decoding
+  KvPool pool;
+  int64_t reserved_total = 0;  // blocks promised to running sequences and not yet lent
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<EngineSeq>> waiting;  // guarded by mu
+  std::vector<uint64_t> cancels;                   // guarded by mu
+  bool stop = false;                               // guarded by mu
+  uint64_t next_id = 1;                            // guarded by mu
+  EngineMetrics m;                                 // guarded by mu
+
+  std::vector<std::unique_ptr<EngineSeq>> running;  // engine thread only
+  std::thread thread;
+
+  Impl(const DeepseekV3& md, EngineOptions o);
+  int64_t blocks_for(const EngineSeq& s) const;
+  bool try_reserve(EngineSeq& s);
+  void admit();
+  bool schedule(EngineSeq& s, SeqForward& f);
+  void post(EngineSeq& s);
+  bool commit_token(EngineSeq& s, int32_t tok, const float* lg);
+  void publish_prompt_blocks(EngineSeq& s);
+  void ensure_rows(EngineSeq& s, int64_t rows);
+  void emit(EngineSeq& s);
+  void finish(EngineSeq& s, const std::string& reason, const std::string& error = "");
+  void step();
+  void loop();
+  void refresh_metrics();
+};
+
+Engine::Impl::Impl(const DeepseekV3& md, EngineOptions o)
+    : model(md),
+      opt(std::move(o)),
+      ctx(opt.context > 0 ? std::min(opt.context, md.config().max_position_embeddings) : md.config().max_position_embeddings),
+      V(md.config().vocab_size),
+      pool(md.config().num_hidden_layers, md.config().latent_dim(), opt.kv_block < 1 ? 1 : opt.kv_block,
+           std::max<int64_t>(1, ((opt.kv_tokens > 0 ? opt.kv_tokens : std::max<int64_t>(1, opt.n_parallel) * ctx) +
+                                 std::max<int64_t>(1, opt.kv_block) - 1) / std::max<int64_t>(1, opt.kv_block))) {
+  if (opt.n_parallel < 1) fail("engine: --parallel must be at least 1 (got ", opt.n_parallel, ")");
+  if (opt.context < 0) fail("engine: the context (", opt.context, ") is negative");
+  if (opt.kv_block < 1) fail("engine: the KV block size must be at least 1 token (got ", opt.kv_block, ")");
+  if (opt.kv_tokens < 0) fail("engine: the KV pool size (", opt.kv_tokens, " tokens) is negative");
+  if (opt.prefill_chunk < 1) fail("engine: the prefill chunk must be at least 1 token (got ", opt.prefill_chunk, ")");
+  if (opt.max_queue < 0) fail("engine: the queue bound (", opt.max_queue, ") is negative");
+  if (opt.make_drafter) {
+    if (!opt.spec.chain && opt.spec.budget < 1) fail("--budget must be at least 1 (got ", opt.spec.budget, ")");
+    std::unique_ptr<Drafter> probe = opt.make_drafter();
+    if (!probe) fail("engine: make_drafter returned no drafter");
+    draft_block = probe->block_size();
+    if (draft_block < 2) fail("engine: the drafter's block size (", draft_block, ") must be at least 2");
+    draft_taps = int64_t(probe->tap_layers().size());
+  }
+  m.kv_blocks_total = pool.n_blocks();
+}
+
+// Worst-case rows of a request: prompt + every new token, plus one round's scratch tree.
+int64_t Engine::Impl::blocks_for(const EngineSeq& s) const {
+  int64_t rows = s.lim.n_prompt + s.lim.n_max;
+  if (opt.make_drafter) rows += (opt.spec.chain ? draft_block - 1 : opt.spec.budget) + 1;
+  return (rows + pool.block_tokens() - 1) / pool.block_tokens();
+}
+
+// Takes the prompt's cached prefix and reserves the rest; false (holding nothing) when the pool
+// cannot take the request now.
+bool Engine::Impl::try_reserve(EngineSeq& s) {
+  const int64_t kb = pool.block_tokens();
+  uint64_t h = 0;
+  // Taps of cached rows are not kept, so a drafter that needs them always prefills in full.
+  if (opt.prefix_cache && draft_taps == 0) {
+    const int64_t max_hit = (s.lim.n_prompt - 1) / kb;  // the last prompt token always runs: its logits start decoding
+    for (int64_t j = 0; j < max_hit; ++j) {
+      const int32_t* ids = s.tokens.data() + j * kb;
+      const uint64_t hj = KvPool::chain_hash(h, ids, kb);
+      const int32_t b = pool.lookup(hj, s.blocks.empty() ? -1 : s.blocks.back(), ids);
+      if (b < 0) break;
+      s.blocks.push_back(b);
+      h = hj;
+    }
+  }
+  const int64_t need = blocks_for(s) - int64_t(s.blocks.size());
+  if (pool.n_available() - reserved_total < need) {
+    for (int32_t b : s.blocks) pool.release(b);
+    s.blocks.clear();
+    return false;
+  }
+  reserved_total += need;
+  s.reserved = need;
+  s.n_published = int64_t(s.blocks.size());
+  s.last_hash = h;
+  s.n_kv = s.n_published * kb;
+  s.stats.n_cached = s.n_kv;
+  return true;
+}
+
+void Engine::Impl::admit() {
+  std::vector<std::unique_ptr<EngineSeq>> admitted;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    while (int64_t(running.size() + admitted.size()) < opt.n_parallel && !waiting.empty() && try_reserve(*waiting.front())) {
+      admitted.push_back(std::move(waiting.front()));
+      waiting.pop_front();
+      m.prefix_query_tokens += uint64_t(admitted.back()->lim.n_prompt);
+      m.prefix_hit_tokens += uint64_t(admitted.back()->stats.n_cached);
+      m.prompt_tokens += uint64_t(admitted.back()->lim.n_prompt);
+      admitted.back()->admitted = true;
+      ++m.running;
+    }
+    m.waiting = int64_t(waiting.size());
+  }
+  for (auto& sp : admitted) {
+    EngineSeq& s = *sp;
+    s.t_admit = now_s();
+    s.stats.queue_ms = (s.t_admit - s.t_submit) * 1e3;
+    if (s.lim.n_max == 0) {  // nothing to generate (max_new_tokens 0): as generate_ar, "length" at once
+      finish(s, "length");
+      continue;
+    }
+    if (opt.make_drafter) {
+      try {
+        s.drafter = opt.make_drafter();
+        if (!s.drafter) fail("make_drafter returned no drafter");
+        if (s.drafter->context_len() != 0) fail("the drafter already holds context: make_drafter must give a fresh one");
+        if (s.drafter->block_size() != draft_block || int64_t(s.drafter->tap_layers().size()) != draft_taps)
+          fail("make_drafter gave drafters of different shapes");
+      } catch (const std::exception& e) {
+        finish(s, "error", e.what());
+        continue;
+      }
+      s.n_taps = draft_taps;
+      // Prefix-cache rows (only for drafters without taps) count as context the drafter has seen.
+      if (s.n_kv > 0) s.drafter->append_context(nullptr, s.n_kv);
+    }
+    running.push_back(std::move(sp));
+  }
+}
+
+void Engine::Impl::ensure_rows(EngineSeq& s, int64_t rows) {
+  while (int64_t(s.blocks.size()) * pool.block_tokens() < rows) {
+    if (s.reserved <= 0) fail("internal: sequence ", s.id, " outgrew its KV reservation");
+    const int32_t b = pool.allocate();
+    if (b < 0) fail("internal: the KV pool is exhausted despite reservations");
+    s.blocks.push_back(b);
+    --s.reserved;
+    --reserved_total;
+  }
+}
+
+// This step's rows of one sequence; false when it has none.
+bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
+  const ModelConfig& c = model.config();
+  ForwardArgs& a = f.args;
+  s.step_logits = true;
+  s.round.reset();
+  if (s.next < 0) {
+    // Prefill chunk: expanded MLA, as generate_ar's prefill (row invariance: chunks and prefix-cache
+    // hits give the one-shot prefill's latents bit for bit). Logits only after the last prompt row.
+    s.step_rows = std::min(opt.prefill_chunk, s.lim.n_prompt - s.n_kv);
+    s.step_logits = s.n_kv + s.step_rows == s.lim.n_prompt;
+    a.ids = s.tokens.data() + s.n_kv;
+    a.form = AttnForm::expanded;
+  } else if (s.drafter) {
+    // A DDTree round after the bonus token `next` at position n_kv.
+    const int64_t start = s.n_kv;
+    const int64_t L = std::min({draft_block - 1, s.lim.ctx - 1 - start, s.lim.n_max - s.n_out});
+    if (L < 1) fail("internal: no draft position left at ", start);
+    std::vector<float> scratch;
+    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch));
+    s.step_rows = s.round->tree.size();
+    a.ids = s.round->tree.tokens.data();
+    a.positions = s.round->positions.data();
+    a.visibility = s.round->visibility.data();
+    a.form = AttnForm::absorbed;
+    a.all_logits = true;
+  } else {
+    s.step_rows = 1;
+    a.ids = &s.next;
+    a.form = s.req.gen.decode_form;
+  }
+  a.n = s.step_rows;
+  ensure_rows(s, s.n_kv + s.step_rows);
+  s.logits.resize(static_cast<size_t>((s.step_logits ? (a.all_logits ? a.n : 1) : 0) * V));
+  a.logits = s.step_logits ? s.logits.data() : nullptr;
+  if (s.n_taps) {
+    s.taps.resize(static_cast<size_t>(a.n * s.n_taps * c.hidden_size));
+    a.tap_layers = &s.drafter->tap_layers();
+    a.taps = s.taps.data();
+  }
+  f.kv = pool.view(s.blocks);
+  f.start = s.n_kv;
+  return true;
+}
+
+// Appends a committed token (its event entry, logprobs, stop/length check); false when the
+// sequence is done (s.ev.finish_reason says why).
+bool Engine::Impl::commit_token(EngineSeq& s, int32_t tok, const float* lg) {
+  s.tokens.push_back(tok);
+  ++s.n_out;
+  s.ev.ids.push_back(tok);
+  if (s.req.gen.keep_logits) s.ev.logits.insert(s.ev.logits.end(), lg, lg + V);
+  if (s.req.top_logprobs >= 0)
+    s.ev.logprobs.push_back(logprob_of(lg, V, s.req.gen.sampling.temperature, tok, s.req.top_logprobs));
+  const auto& stop_ids = s.req.gen.stop_ids;
+  if (!s.req.gen.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end())
+    s.ev.finish_reason = "stop";
+  else if (s.n_out >= s.lim.n_max)
+    s.ev.finish_reason = "length";
+  return s.ev.finish_reason.empty();
+}
+
+// Offers the prompt's newly completed full blocks to the prefix cache.
+void Engine::Impl::publish_prompt_blocks(EngineSeq& s) {
+  if (!opt.prefix_cache) return;
+  const int64_t kb = pool.block_tokens();
+  const int64_t full = std::min(s.n_kv, s.lim.n_prompt) / kb;
+  for (; s.n_published < full; ++s.n_published) {
+    const int64_t j = s.n_published;
+    const int32_t* ids = s.tokens.data() + j * kb;
+    const uint64_t h = KvPool::chain_hash(s.last_hash, ids, kb);
+    pool.publish(s.blocks[size_t(j)], h, j > 0 ? s.blocks[size_t(j - 1)] : -1, ids);
+    s.last_hash = h;
+  }
+}
+
+void Engine::Impl::post(EngineSeq& s) {
+  const SamplingParams& sp = s.req.gen.sampling;
+  const uint64_t seq_id = s.req.gen.seq_id;
+  auto choose = [&](const float* lg, int64_t pos) {
+    return sample(lg, int32_t(V), sp, position_uniform(sp.seed, seq_id, uint64_t(pos)));
+  };
+  if (!s.round) {
+    s.n_kv += s.step_rows;
+    const bool prefill = s.next < 0;
+    if (prefill) {
+      publish_prompt_blocks(s);
+      if (s.drafter) s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
+    }
+    if (!s.step_logits) return;
+    // The token at position tokens.size(), exactly as generate_ar draws it.
+    const int32_t tok = choose(s.logits.data(), int64_t(s.tokens.size()));
+    if (prefill) s.t_first = now_s();
+    if (commit_token(s, tok, s.logits.data())) s.next = tok;
+    return;
+  }
+  // DDTree round: walk, keep the accepted rows (compacted into place), feed their taps on.
+  const DraftTree& tree = s.round->tree;
+  const int64_t start = s.n_kv;
+  const std::vector<int32_t> path = accept_walk(
+      tree, s.logits.data(), V, start, choose, [&](int32_t tok, const float* lg) { return commit_token(s, tok, lg); },
+      &s.next);
+  const int64_t tau = int64_t(path.size());
+  ++s.stats.rounds;
+  s.stats.drafted += tree.size() - 1;
+  s.stats.accepted += tau - 1;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    ++m.spec_rounds;
+    m.spec_drafted += uint64_t(tree.size() - 1);
+    m.spec_accepted += uint64_t(tau - 1);
+  }
+  if (!s.ev.finish_reason.empty()) return;
+  const KvView kv = pool.view(s.blocks);
+  for (int64_t k = 0; k < tau; ++k) {
+    const int64_t from = path[size_t(k)];
+    if (from == k) continue;
+    for (int64_t l = 0; l < kv.n_layers; ++l) std::copy_n(kv.row(l, start + from), kv.dim, kv.row(l, start + k));
+  }
+  s.n_kv = start + tau;
+  const int64_t hid = model.config().hidden_size, width = s.n_taps * hid;
+  std::vector<float> acc(static_cast<size_t>(tau * width));
+  for (int64_t k = 0; k < tau && width; ++k)
+    std::copy_n(&s.taps[size_t(path[size_t(k)] * width)], width, &acc[size_t(k * width)]);
+  s.drafter->append_context(width ? acc.data() : nullptr, tau);
+}
+
+// Sends the tokens committed this step (if any); a false return asks for cancellation.
+void Engine::Impl::emit(EngineSeq& s) {
+  if (s.ev.ids.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    m.generated_tokens += uint64_t(s.ev.ids.size());
+  }
+  bool keep = false;
+  try {
+    keep = s.req.on_event(s.ev);
+  } catch (...) {
+    keep = false;  // a throwing callback is treated as a client gone
+  }
+  if (!keep) s.cancel = true;
+  s.ev = EngineEvent{};
+}
+
+void Engine::Impl::finish(EngineSeq& s, const std::string& reason, const std::string& error) {
+  for (int32_t b : s.blocks) pool.release(b);
+  s.blocks.clear();
+  reserved_total -= s.reserved;
+  s.reserved = 0;
+  const double t = now_s();
+  if (s.t_admit == 0) s.t_admit = t, s.stats.queue_ms = (t - s.t_submit) * 1e3;
+  if (s.t_first == 0) s.t_first = t;
+  s.stats.n_prompt = s.lim.n_prompt;
+  s.stats.n_generated = s.n_out;
+  s.stats.prefill_ms = (s.t_first - s.t_admit) * 1e3;
+  s.stats.decode_ms = (t - s.t_first) * 1e3;
+  s.ev.done = true;
+  s.ev.finish_reason = reason;
+  s.ev.error = error;
+  s.ev.stats = s.stats;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    m.generated_tokens += uint64_t(s.ev.ids.size());
+    ++m.requests_finished;
+    // Metrics are current when the final event arrives (a client may read them right after it).
+    if (s.admitted) --m.running;
+    s.admitted = false;
+    m.kv_blocks_used = pool.n_used();
+    m.kv_blocks_cached = pool.n_cached();
+    m.kv_evictions = pool.n_evictions();
+  }
+  try {
+    s.req.on_event(s.ev);
+  } catch (...) {
+  }
+  s.ev = EngineEvent{};
+}
+
+void Engine::Impl::step() {
+  // Cancellations: waiting requests end here; running ones are flagged and freed below.
+  std::vector<std::unique_ptr<EngineSeq>> dropped;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    for (uint64_t id : cancels) {
+      auto w = std::find_if(waiting.begin(), waiting.end(), [&](const auto& s) { return s->id == id; });
+      if (w != waiting.end()) {
+        dropped.push_back(std::move(*w));
+        waiting.erase(w);
+        continue;
+      }
+      for (auto& s : running)
+        if (s->id == id) s->cancel = true;
+    }
+    cancels.clear();
+  }
+  for (auto& s : dropped) finish(*s, "cancelled");
+  for (auto& s : running)
+    if (s->cancel) finish(*s, "cancelled");
+  std::erase_if(running, [](const auto& s) { return s->cancel; });
+
+  admit();
+  if (running.empty()) return;
+
+  std::vector<SeqForward> batch;
+  std::vector<EngineSeq*> in_batch;
+  for (auto& sp : running) {
+    EngineSeq& s = *sp;
+    SeqForward f;
+    try {
+      schedule(s, f);
+    } catch (const std::exception& e) {
+      s.ev.finish_reason = "error";
+      s.ev.error = e.what();
+      continue;
+    }
+    batch.push_back(std::move(f));
+    in_batch.push_back(&s);
+  }
+  if (!batch.empty()) {
+    try {
+      model.forward_batch(batch);
+      for (EngineSeq* s : in_batch) {
+        try {
+          post(*s);
+        } catch (const std::exception& e) {
+          s->ev.finish_reason = "error";
+          s->ev.error = e.what();
+        }
+      }
+    } catch (const std::exception& e) {
+      for (EngineSeq* s : in_batch) {
+        s->ev.finish_reason = "error";
+        s->ev.error = e.what();
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    ++m.steps;
+  }
+  for (auto& sp : running) {
+    EngineSeq& s = *sp;
+    if (!s.ev.finish_reason.empty()) {
+      const std::string reason = s.ev.finish_reason, error = s.ev.error;
+      finish(s, reason, error);
+      s.cancel = true;  // removed below
+    } else {
+      emit(s);
+      if (s.cancel) finish(s, "cancelled");
+    }
+  }
+  std::erase_if(running, [](const auto& s) { return s->cancel; });
+}
+
+void Engine::Impl::refresh_metrics() {
+  std::lock_guard<std::mutex> lk(mu);
+  m.running = int64_t(running.size());
+  m.waiting = int64_t(waiting.size());
+  m.kv_blocks_used = pool.n_used();
+  m.kv_blocks_cached = pool.n_cached();
+  m.kv_evictions = pool.n_evictions();
+}
+
+void Engine::Impl::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return stop || !waiting.empty() || !running.empty() || !cancels.empty(); });
+      if (stop) break;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // Should not happen (every per-sequence failure is caught in step); fail what is running
+      // rather than take the process down.
+      log_info("engine step failed: ", e.what());
+      for (auto& s : running) finish(*s, "error", e.what());
+      running.clear();
+    }
+    refresh_metrics();
+  }
+  // Shutdown: every request still here gets its final event.
+  for (auto& s : running) finish(*s, "cancelled");
+  running.clear();
+  std::deque<std::unique_ptr<EngineSeq>> rest;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    rest.swap(waiting);
+  }
+  for (auto& s : rest) finish(*s, "cancelled");
+  refresh_metrics();
+}
+
+Engine::Engine(const DeepseekV3& model, EngineOptions opt) : impl_(std::make_unique<Impl>(model, std::move(opt))) {
+  impl_->thread = std::thread([this] { impl_->loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+uint64_t Engine::submit(EngineRequest req) {
+  Impl& I = *impl_;
+  if (!req.on_event) fail("engine: the request has no on_event callback");
+  if (req.top_logprobs < -1 || req.top_logprobs > 20)
+    fail("top_logprobs must be between 0 and 20 (got ", req.top_logprobs, ")");
+  if (req.gen.keep_prompt_logits) fail("engine: keep_prompt_logits is not supported (prompt logits are not kept)");
+  auto s = std::make_unique<EngineSeq>();
+  GenerateOptions& gen = req.gen;
+  gen.context = gen.context > 0 ? std::min(gen.context, I.ctx) : I.ctx;
+  s->lim = check_generation(I.model.config(), req.prompt, gen);
+  s->tokens = req.prompt;
+  s->req = std::move(req);
+  const int64_t need = I.blocks_for(*s);
+  if (need > I.pool.n_blocks())
+    fail("the request needs up to ", need * I.pool.block_tokens(), " KV rows (a ", s->lim.n_prompt, "-token prompt + up to ",
+         s->lim.n_max, " new tokens), more than the whole KV pool of ", I.pool.n_blocks() * I.pool.block_tokens(),
+         " tokens: lower max_tokens or enlarge the pool");
+  s->t_submit = now_s();
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lk(I.mu);
+    if (int64_t(I.waiting.size()) >= I.opt.max_queue)
+      throw EngineFull(cat("the engine's queue is full (", I.opt.max_queue, " requests waiting): retry later"));
+    id = s->id = I.next_id++;
+    I.waiting.push_back(std::move(s));
+    I.m.waiting = int64_t(I.waiting.size());
+  }
+  I.cv.notify_all();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->cancels.push_back(id);
+  }
+  impl_->cv.notify_all();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->m;
+}
+
+const ModelConfig& Engine::config() const { return impl_->model.config(); }
+const EngineOptions& Engine::options() const { return impl_->opt; }
+
+}  // namespace kd

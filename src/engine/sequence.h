@@ -1,0 +1,47 @@
+// The engine's private per-request state (engine.cpp): a request from submit to its final event.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+#include "spec/round.h"
+
+namespace kd {
+
+struct EngineSeq {
+  uint64_t id = 0;
+  EngineRequest req;
+  GenerationLimits lim;         // context, prompt length, most tokens to generate
+  std::vector<int32_t> tokens;  // prompt then every committed output token, indexed by position
+  int64_t n_out = 0;
+
+  // Paged KV: block table, committed rows, blocks reserved at admission but not yet lent.
+  std::vector<int32_t> blocks;
+  int64_t n_kv = 0;
+  int64_t reserved = 0;
+  int64_t n_published = 0;    // leading prompt blocks already in (or taken from) the prefix cache
+  uint64_t last_hash = 0;     // chain hash of block n_published − 1
+
+  // Decoding: `next` is the token sampled last and not yet run through the target (AR's input,
+  // DDTree's bonus); −1 while the prompt is still being prefilled.
+  int32_t next = -1;
+  std::unique_ptr<Drafter> drafter;
+  int64_t n_taps = 0;
+
+  // This step's work.
+  int64_t step_rows = 0;          // rows in the forward (0: not in this step)
+  bool step_logits = false;       // the forward returns logits for this sequence
+  std::vector<float> logits;      // [1 or tree size, vocab]
+  std::vector<float> taps;        // [step_rows, n_taps, hidden]
+  std::unique_ptr<DraftRound> round;
+
+  // Timing, stats, and the event being built.
+  double t_submit = 0, t_admit = 0, t_first = 0;
+  RequestStats stats;
+  EngineEvent ev;
+  bool cancel = false;
+  bool admitted = false;  // counted in EngineMetrics::running
+};
+
+}  // namespace kd

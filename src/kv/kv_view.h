@@ -1,0 +1,22 @@
+// One sequence's latent KV rows as the forward addresses them, wherever they live: a contiguous
+// LatentCache (one block as long as the cache) or blocks of the engine's paged pool. Row `pos` of
+// layer `l` is in block pos / block_tokens at offset pos % block_tokens.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace kd {
+
+struct KvView {
+  int64_t dim = 0;           // values per row (kv_lora_rank + qk_rope_head_dim)
+  int64_t n_layers = 0;
+  int64_t block_tokens = 0;  // rows per block
+  std::vector<float*> ptrs;  // [n_blocks × n_layers]: where block b's rows of layer l begin
+
+  int64_t capacity() const { return n_layers ? int64_t(ptrs.size()) / n_layers * block_tokens : 0; }
+  float* row(int64_t layer, int64_t pos) const {
+    return ptrs[size_t((pos / block_tokens) * n_layers + layer)] + (pos % block_tokens) * dim;
+  }
+};
+
+}  // namespace kd

@@ -1,0 +1,152 @@
+#include "server/prepare.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace kd {
+
+using json = nlohmann::json;
+
+GenerationDefaults load_generation_defaults(const std::string& dir) {
+  GenerationDefaults d;
+  const std::string path = dir + "/generation_config.json";
+  if (!std::filesystem::exists(path)) return d;
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) fail(path, ": not a JSON object");
+  auto number = [&](const char* key) -> std::optional<double> {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) fail(path, ": '", key, "' is not a number");
+    return it->get<double>();
+  };
+  // do_sample: false means greedy whatever temperature says (transformers' rule).
+  const bool greedy = j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>();
+  if (auto v = number("temperature")) d.temperature = greedy ? 0.0f : float(*v);
+  else if (greedy) d.temperature = 0.0f;
+  if (auto v = number("top_p")) d.top_p = float(*v);
+  if (auto v = number("min_p")) d.min_p = float(*v);
+  if (auto v = number("top_k")) d.top_k = int32_t(*v);
+  if (auto v = number("max_new_tokens")) d.max_new_tokens = int64_t(*v);
+  SamplingParams p;
+  p.temperature = d.temperature.value_or(0.0f);
+  p.top_p = d.top_p.value_or(1.0f);
+  p.min_p = d.min_p.value_or(0.0f);
+  p.top_k = d.top_k.value_or(0);
+  try {
+    validate(p);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+  return d;
+}
+
+namespace {
+
+std::vector<int32_t> stop_ids_for(const ApiRequest& req, const ServedModel& m) {
+  std::vector<int32_t> ids = m.eos_ids;
+  if (req.endpoint == Endpoint::chat)
+    for (const auto& name : chat_stop_tokens(m.chat_template))
+      if (auto id = m.tokenizer->special_id(name))
+        if (std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
+  return ids;
+}
+
+int count_tool_calls(const std::vector<ChatMessage>& msgs) {
+  int n = 0;
+  for (const auto& m : msgs) n += int(m.tool_calls.size());
+  return n;
+}
+
+}  // namespace
+
+PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
+  PreparedRequest p;
+  ResponseOptions& ro = p.response;
+  ro.endpoint = req.endpoint;
+  ro.stream = req.stream;
+  ro.include_usage = req.include_usage;
+  ro.stop = req.stop;
+  ro.top_logprobs = req.top_logprobs;
+  if (req.endpoint == Endpoint::completion) {
+    if (req.prompt_is_ids) {
+      p.prompt = req.prompt_ids;
+      for (size_t i = 0; i < p.prompt.size(); ++i)
+        if (p.prompt[i] >= m.vocab_size)
+          bad_request("prompt", cat("'prompt[", i, "]' = ", p.prompt[i], " is outside the vocabulary [0, ", m.vocab_size, ")"));
+    } else {
+      // Special-token names in the text become special tokens, as HF tokenizers (vLLM) do.
+      p.prompt = m.tokenizer->encode(req.prompt_text, /*parse_special=*/true);
+    }
+  } else {
+    const bool kimi = m.chat_template == ChatTemplateKind::kimi;
+    if (!kimi && !req.tools_json.empty())
+      bad_request("tools", cat("'tools': the ", chat_template_kind_name(m.chat_template),
+                               " template does not declare tools (tool calling needs a Kimi model)"));
+    ChatOptions co;
+    co.tools_json = req.tools_json;
+    co.thinking = req.thinking;
+    std::string text;
+    try {
+      text = render_chat(m.chat_template, req.messages, co);
+    } catch (const Error& e) {
+      bad_request("messages", e.what());
+    }
+    const std::string think_open = "<think>";
+    const bool in_reasoning = kimi && text.size() >= think_open.size() &&
+                              text.compare(text.size() - think_open.size(), think_open.size(), think_open) == 0;
+    // tool_choice required / named: the answer is forced to start with the tool-call section by
+    // prefilling its markers after the generation prompt (reasoning is closed first: no thinking).
+    std::string prefill;
+    if (req.tool_choice == ToolChoice::required || req.tool_choice == ToolChoice::named) {
+      if (in_reasoning) prefill += "</think>";
+      prefill += "<|tool_calls_section_begin|>";
+      if (req.tool_choice == ToolChoice::named)
+        prefill += cat("<|tool_call_begin|>functions.", req.tool_choice_name, ":", count_tool_calls(req.messages),
+                       "<|tool_call_argument_begin|>");
+    }
+    p.prompt = m.tokenizer->encode(text + prefill, /*parse_special=*/true);
+    ro.parse_output = kimi;
+    ro.parser.starts_in_reasoning = in_reasoning;
+    ro.parser.reasoning = true;
+    // tool_choice none: the tools stay declared in the prompt (vLLM's default) but calls are not parsed.
+    ro.parser.tool_calls = req.tool_choice != ToolChoice::none;
+    ro.prefill = prefill;
+  }
+  const int64_t n_prompt = int64_t(p.prompt.size());
+  if (n_prompt == 0) bad_request("prompt", "the prompt encodes to no tokens");
+  if (n_prompt >= m.context)
+    throw ApiError(400, "exceed_context_size_error",
+                   cat("the request has ", n_prompt, " prompt tokens but the context holds ", m.context,
+                       " (at least one must be left for the answer)"),
+                   req.endpoint == Endpoint::chat ? "messages" : "prompt");
+  ro.n_prompt = n_prompt;
+
+  GenerateOptions& g = p.gen;
+  const GenerationDefaults& d = m.defaults;
+  // max_tokens: the request, else generation_config's max_new_tokens, else the rest of the context.
+  g.max_new_tokens = req.max_tokens.value_or(d.max_new_tokens.value_or(m.context - n_prompt));
+  g.context = m.context;
+  g.sampling.temperature = req.temperature.value_or(d.temperature.value_or(1.0f));
+  g.sampling.top_p = req.top_p.value_or(d.top_p.value_or(1.0f));
+  g.sampling.top_k = req.top_k.value_or(d.top_k.value_or(0));
+  g.sampling.min_p = req.min_p.value_or(d.min_p.value_or(0.0f));
+  g.sampling.seed = req.seed.value_or(0);
+  try {
+    validate(g.sampling);
+  } catch (const Error& e) {
+    bad_request("", e.what());
+  }
+  g.ignore_eos = req.ignore_eos;
+  g.stop_ids = stop_ids_for(req, m);
+  g.seq_id = 0;  // samples depend on (seed, position) only, never on what else runs
+  p.top_logprobs = req.top_logprobs;
+  if (!req.ignore_eos) ro.hidden_ids = g.stop_ids;
+  return p;
+}
+
+}  // namespace kd

@@ -1,0 +1,48 @@
+// A validated ApiRequest → what the engine and the response builder need: the prompt ids (chat:
+// the model's template rendered natively, tool_choice enforced by a prefill), the generation
+// options (request fields over generation_config.json over kdtree's defaults), and the output
+// parser's settings. No I/O and no engine: unit-testable with a tokenizer.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/api_request.h"
+#include "server/response_builder.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kd {
+
+// Sampling defaults a checkpoint publishes in generation_config.json (absent fields stay unset).
+struct GenerationDefaults {
+  std::optional<float> temperature, top_p, min_p;
+  std::optional<int32_t> top_k;
+  std::optional<int64_t> max_new_tokens;
+};
+// Reads dir/generation_config.json when it exists; errors name the file and the field.
+GenerationDefaults load_generation_defaults(const std::string& dir);
+
+struct ServedModel {
+  std::string name;  // the id /v1/models lists and requests must name (or omit)
+  const Tokenizer* tokenizer = nullptr;
+  ChatTemplateKind chat_template = ChatTemplateKind::kimi;
+  int32_t vocab_size = 0;
+  int64_t context = 0;  // per-request context limit in tokens
+  std::vector<int32_t> eos_ids;
+  GenerationDefaults defaults;
+};
+
+struct PreparedRequest {
+  std::vector<int32_t> prompt;
+  GenerateOptions gen;
+  int32_t top_logprobs = -1;
+  ResponseOptions response;  // id, model and created are the caller's to fill
+};
+
+// Throws ApiError: 400 for bad input (exceed_context_size_error when the prompt leaves no room).
+PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& model);
+
+}  // namespace kd

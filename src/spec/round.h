@@ -1,0 +1,49 @@
+// The pieces of one DDTree round shared by generate_ddtree (one sequence) and the serving engine
+// (many sequences in one verify forward): drafting the tree after a bonus token, and the accept
+// walk over the target's verify logits.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "spec/ddtree.h"
+#include "spec/drafter.h"
+#include "spec/tree.h"
+
+namespace kd {
+
+struct DraftRound {
+  DraftTree tree;                   // node 0 is the bonus token
+  std::vector<int32_t> positions;   // [n] RoPE positions: start + depth
+  std::vector<uint8_t> visibility;  // [n, n] ancestor-or-self mask
+};
+
+// Drafts `L` ≥ 1 positions after `bonus` (at position start == drafter.context_len()) and builds
+// the tree (or chain) to verify. draft_logits is scratch of [block − 1, vocab].
+DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
+                       int64_t vocab, std::vector<float>& draft_logits);
+
+// The accept walk: from the root, the target's own choice at each node (choose(logits, position))
+// is emitted (emit(token, logits) → false stops generation); while it matches a child the walk
+// descends. Returns the path of accepted nodes, root first (τ = its size). *next_bonus is the last
+// emitted token when the walk left the tree (the next round's bonus); untouched when emit stopped.
+template <class Choose, class Emit>
+std::vector<int32_t> accept_walk(const DraftTree& tree, const float* vlogits, int64_t vocab, int64_t start,
+                                 Choose&& choose, Emit&& emit, int32_t* next_bonus) {
+  std::vector<int32_t> path = {0};
+  int32_t cur = 0;
+  for (;;) {
+    const float* lg = vlogits + size_t(cur) * size_t(vocab);
+    const int32_t tok = choose(lg, start + tree.depths[size_t(cur)] + 1);
+    if (!emit(tok, lg)) break;
+    const int32_t child = tree.child_with_token(cur, tok);
+    if (child < 0) {
+      *next_bonus = tok;
+      break;
+    }
+    cur = child;
+    path.push_back(child);
+  }
+  return path;
+}
+
+}  // namespace kd
