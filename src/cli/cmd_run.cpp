@@ -19,6 +19,7 @@
 #include "spec/dflash_drafter.h"
 #include "spec/drafter.h"
 #ifdef KDTREE_HAVE_CUDA
+#include "backend/cuda/cuda_dflash.h"
 #include "backend/cuda/cuda_generate.h"
 #endif
 
@@ -56,7 +57,7 @@ void add_run(CLI::App& app, RunOptions& o) {
   c->add_option("--budget", o.budget, "DDTree tree nodes per round, root excluded (default: block size − 1)");
   c->add_option("--block-size", o.block_size, "Block size of a synthetic drafter (DFlash drafters bring their own)")
       ->check(CLI::Range(2, 64));
-  c->add_option("--device", o.device, "cpu (default) or cuda (the target on GPU 0; drafters stay on the CPU)");
+  c->add_option("--device", o.device, "cpu (default) or cuda (the target and a DFlash drafter on GPU 0)");
   c->add_option("--decode-attn", o.decode_attn, "MLA form for decode steps: absorbed (default, over the latent cache) or expanded")
       ->check(CLI::IsMember({"absorbed", "expanded"}));
   c->add_flag("--json", o.json, "Print exactly one JSON object on stdout (ids, finish reason, timings)");
@@ -175,6 +176,10 @@ int cmd_run(const RunOptions& o) {
     const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
     gpu = std::make_unique<CudaTarget>(model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + tree + 2));
     log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
+    // A DFlash drafter drafts on the GPU too, fed from the target's taps on the device (the CPU
+    // adapter above validated the directory and gave the block size).
+    if (drafter)
+      drafter = std::make_unique<CudaDFlash>(o.draft, *gpu, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1));
   }
   auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) {
     return gpu ? generate_ar_cuda(*gpu, prompt, go, cb) : generate_ar(model, prompt, go, cb);

@@ -6,6 +6,8 @@
 #include "core/log.h"
 #include "sample/rng.h"
 #include "sample/sampler.h"
+#include "backend/cuda/cuda_dflash.h"
+#include "spec/round.h"
 #include "spec/tree.h"
 
 namespace kd {
@@ -112,19 +114,33 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
     return sample(logits, int32_t(V), opt.sampling, position_uniform(opt.sampling.seed, opt.seq_id, uint64_t(pos)));
   };
 
-  std::vector<float> logits(static_cast<size_t>(V)), taps(static_cast<size_t>(n_prompt * n_taps * hid));
+  // A drafter on the GPU reads the target's taps where the forward left them (no download of taps,
+  // no upload of kept rows); any other drafter gets them on the host.
+  CudaDFlash* gpu_drafter = dynamic_cast<CudaDFlash*>(&drafter);
+  const bool host_taps = n_taps && !gpu_drafter;
+  auto run_forward = [&](ForwardArgs& a, std::vector<float>& host) -> const float* {
+    a.tap_layers = &taps_of;
+    a.stats = &fst;
+    if (gpu_drafter && n_taps) return target.forward_device_taps(a);
+    host.resize(static_cast<size_t>(a.n * n_taps * hid));
+    a.taps = host_taps ? host.data() : nullptr;
+    target.forward(a);
+    return nullptr;
+  };
+
+  std::vector<float> logits(static_cast<size_t>(V)), taps;
   double t0 = now_s();
   {
     ForwardArgs a;
     a.ids = prompt.data();
     a.n = n_prompt;
     a.logits = logits.data();
-    a.tap_layers = &taps_of;
-    a.taps = n_taps ? taps.data() : nullptr;
-    a.stats = &fst;
-    target.forward(a);
+    const float* taps_dev = run_forward(a, taps);
+    if (taps_dev)
+      gpu_drafter->append_context_device(taps_dev, n_prompt, nullptr);
+    else
+      drafter.append_context(host_taps ? taps.data() : nullptr, n_prompt);
   }
-  drafter.append_context(n_taps ? taps.data() : nullptr, n_prompt);
   r.prefill_ms = st.prefill_ms = (now_s() - t0) * 1e3;
   r.prefill_weight_bytes = fst.weight_bytes;
   st.target_forwards = 1;
@@ -133,64 +149,46 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
   t0 = now_s();
   int32_t bonus = choose(logits.data(), n_prompt);
   emit(bonus, logits.data());
-  std::vector<float> draft_logits(static_cast<size_t>((B - 1) * V));
+  std::vector<float> draft_logits, vlogits, vtaps, acc_taps;
   while (!done) {
     const int64_t start = target.size();
     const int64_t L = std::min({B - 1, ctx - 1 - start, n_max - int64_t(r.output_ids.size())});
     if (L < 1) fail("internal: no draft position left at ", start);
     double td = now_s();
-    drafter.draft(bonus, start, draft_logits.data());
-    DraftTree tree = spec.chain ? build_draft_chain(draft_logits.data(), L, V)
-                                : build_draft_tree(draft_logits.data(), L, V, spec.budget);
-    tree.tokens[0] = bonus;
+    const DraftRound dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
     st.draft_ms += (now_s() - td) * 1e3;
 
-    const int64_t n = tree.size();
-    std::vector<int32_t> positions(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = int32_t(start + tree.depths[size_t(i)]);
-    const std::vector<uint8_t> vis = tree.visibility();
-    std::vector<float> vlogits(static_cast<size_t>(n * V)), vtaps(static_cast<size_t>(n * n_taps * hid));
+    const int64_t n = dr.tree.size();
+    vlogits.resize(static_cast<size_t>(n * V));
     double tv = now_s();
     ForwardArgs a;
-    a.ids = tree.tokens.data();
+    a.ids = dr.tree.tokens.data();
     a.n = n;
-    a.positions = positions.data();
-    a.visibility = vis.data();
+    a.positions = dr.positions.data();
+    a.visibility = dr.visibility.data();
     a.commit = false;
     a.all_logits = true;
     a.logits = vlogits.data();
-    a.tap_layers = &taps_of;
-    a.taps = n_taps ? vtaps.data() : nullptr;
-    a.stats = &fst;
-    target.forward(a);
+    const float* vtaps_dev = run_forward(a, vtaps);
     st.verify_ms += (now_s() - tv) * 1e3;
     ++st.target_forwards;
     ++st.rounds;
     st.drafted += n - 1;
 
-    std::vector<int32_t> path = {0};
-    int32_t cur = 0;
-    for (;;) {
-      const float* lg = &vlogits[size_t(cur) * size_t(V)];
-      const int32_t tok = choose(lg, start + tree.depths[size_t(cur)] + 1);
-      if (!emit(tok, lg)) break;
-      const int32_t child = tree.child_with_token(cur, tok);
-      if (child < 0) {
-        bonus = tok;
-        break;
-      }
-      cur = child;
-      path.push_back(child);
-    }
+    const std::vector<int32_t> path = accept_walk(dr.tree, vlogits.data(), V, start, choose, emit, &bonus);
     const int64_t tau = int64_t(path.size());
     st.accepted += tau - 1;
     ++st.tau_histogram[size_t(std::min(tau, B))];
     if (done) break;
     target.compact(start, path);
-    std::vector<float> acc_taps(static_cast<size_t>(tau * n_taps * hid));
-    for (int64_t k = 0; k < tau && n_taps; ++k)
+    if (vtaps_dev) {
+      gpu_drafter->append_context_device(vtaps_dev, tau, path.data());
+      continue;
+    }
+    acc_taps.resize(static_cast<size_t>(tau * n_taps * hid));
+    for (int64_t k = 0; k < tau && host_taps; ++k)
       std::copy_n(&vtaps[size_t(path[size_t(k)]) * size_t(n_taps * hid)], n_taps * hid, &acc_taps[size_t(k * n_taps * hid)]);
-    drafter.append_context(n_taps ? acc_taps.data() : nullptr, tau);
+    drafter.append_context(host_taps ? acc_taps.data() : nullptr, tau);
   }
   r.decode_ms = (now_s() - t0) * 1e3;
   r.decode_weight_bytes = fst.weight_bytes;

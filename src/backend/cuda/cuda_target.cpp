@@ -254,8 +254,16 @@ int64_t CudaTarget::max_tokens() const { return impl_->cap; }
 void CudaTarget::reset() { impl_->size = 0; }
 uint64_t CudaTarget::device_weight_bytes() const { return impl_->weight_bytes; }
 
-void CudaTarget::forward(const ForwardArgs& a) {
-  Impl& m = *impl_;
+void CudaTarget::forward(const ForwardArgs& a) { forward_impl(*impl_, a, false); }
+
+const float* CudaTarget::forward_device_taps(const ForwardArgs& a) {
+  if (a.taps) fail("forward_device_taps: the taps stay on the device (pass no host taps buffer)");
+  if (!a.tap_layers || a.tap_layers->empty()) fail("forward_device_taps: no tap layers");
+  return forward_impl(*impl_, a, true);
+}
+
+// The forward's host side; device_taps: keep the taps in the device buffer (returned), no download.
+const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps) {
   const ModelConfig& c = m.cfg;
   if (a.form == AttnForm::expanded)
     fail("the CUDA backend runs the absorbed MLA form only (it computes the same function); use --decode-attn absorbed");
@@ -263,7 +271,7 @@ void CudaTarget::forward(const ForwardArgs& a) {
   const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility);
   const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
   float* taps_dev = nullptr;
-  if (n_taps && a.taps) {
+  if (n_taps && (a.taps || device_taps)) {
     for (int32_t t : *a.tap_layers)
       if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
     if (m.taps_cap < n * n_taps * c.hidden_size) {
@@ -276,7 +284,7 @@ void CudaTarget::forward(const ForwardArgs& a) {
   const int64_t rows = a.all_logits ? n : 1;
   if (a.logits)
     check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
-  if (taps_dev)
+  if (taps_dev && !device_taps)
     check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
           "download taps");
   std::vector<int32_t> distinct(static_cast<size_t>(c.num_hidden_layers), 0);
@@ -285,6 +293,7 @@ void CudaTarget::forward(const ForwardArgs& a) {
   check(cudaStreamSynchronize(m.stream), "forward");
   if (a.commit) m.size = start + n;
   if (a.stats) a.stats->weight_bytes += m.weight_bytes_of(n, &distinct, a.logits != nullptr ? rows : 0);
+  return taps_dev;
 }
 
 void CudaTarget::compact(int64_t start, const std::vector<int32_t>& keep) {
@@ -296,8 +305,9 @@ void CudaTarget::compact(int64_t start, const std::vector<int32_t>& keep) {
   if (nk && start + keep.back() >= m.cap) fail("KV compaction: row ", start + keep.back(), " is past the cache");
   m.ensure_rows(nk);
   check(cudaMemcpyAsync(m.keep, keep.data(), size_t(nk) * 4, cudaMemcpyHostToDevice, m.stream), "upload keep");
+  // No host sync: cudaMemcpyAsync from pageable memory returns once `keep` is staged, and the
+  // next forward queues behind the compaction on the same stream.
   cuda::compact_rows(m.cache, m.cfg.num_hidden_layers, m.cap * m.D, m.D, start, m.keep, nk, m.stream);
-  check(cudaStreamSynchronize(m.stream), "compact");
   m.size = start + nk;
 }
 

@@ -41,6 +41,9 @@ class CudaTarget {
   // the host (may be null), taps [n, tap_layers, hidden], stats (weight bytes streamed, experts
   // counted as distinct per layer). Synchronises with the device when host outputs are asked for.
   void forward(const ForwardArgs& a);
+  // forward, but the taps stay on the device (a.taps must be null): returns them, [n, tap_layers,
+  // hidden] fp32 in a work buffer that the next forward overwrites (the GPU drafter reads them there).
+  const float* forward_device_taps(const ForwardArgs& a);
   // DDTree compaction of the latent cache, as LatentCache::compact.
   void compact(int64_t start, const std::vector<int32_t>& keep);
 
@@ -62,6 +65,7 @@ class CudaTarget {
   static double measure_read_gbps();  // streaming read bandwidth of the device, GB/s (median of 10)
 
   struct Impl;  // defined in cuda_target_impl.h (device pointers; only the backend's .cpp files see it)
+  Impl& impl() { return *impl_; }  // for the backend's GPU drafter (embedding, lm_head, stream)
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -69,4 +69,7 @@ struct CudaTarget::Impl {
   void finish_layer_bytes();
 };
 
+// CudaTarget::forward's body (cuda_target.cpp); device_taps: see forward_device_taps.
+const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps);
+
 }  // namespace kd

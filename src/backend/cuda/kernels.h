@@ -131,6 +131,16 @@ void fill_words(uint32_t* p, int64_t n, uint64_t seed, cudaStream_t s);
 // Read-only streaming bandwidth of the device over `bytes` (≥ 1 GiB), GB/s, median of `reps`.
 double measure_read_gbps(int64_t bytes, int reps);
 
+// DFlash drafter (dflash_kernels.cu). x [rows, heads, hd] in place: per-head RMSNorm (weight w [hd],
+// sum of squares in fp64), then neox RoPE (pairs j, j + hd/2) at positions first + row,
+// angle = fp32(inv_freq[j]) × fp32(position), cos/sin × scaling.
+void head_norm_rope(float* x, int64_t rows, int64_t heads, int64_t hd, const float* w, double eps, const float* inv_freq,
+                    int64_t first, float scaling, cudaStream_t s);
+// Non-causal attention of B queries q [B, nh, hd] over S keys/values k, v [S, nkv·hd] (GQA:
+// consecutive query heads share a KV head); out [B, nh·hd]; scores: scratch [B, nh, S].
+void block_attention(const float* q, const float* k, const float* v, float* out, float* scores, int64_t B, int64_t nh,
+                     int64_t nkv, int64_t hd, int64_t S, float scale, cudaStream_t s);
+
 // Aborts with a kd::Error naming the call and the CUDA error.
 void check(cudaError_t e, const char* what);
 void check_launch(const char* what);

@@ -1,0 +1,48 @@
+// The DFlash block drafter (src/model/dflash.h is the CPU reference) on the GPU, beside a
+// CudaTarget: its weights on the device (bf16 matrices, fp32 norms), its context K/V on the device
+// (fp32 [layers][capacity + block][kv_heads·head_dim]), the target's device embedding and lm_head,
+// and the target's stream, so its kernels queue behind the target's forward. The context is fed
+// from the target's tapped hidden states without leaving the GPU (append_context_device); the
+// host-pointer Drafter methods stay for tests and other loops. A plain C++ header.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_target.h"
+#include "spec/drafter.h"
+
+namespace kd {
+
+class CudaDFlash : public Drafter {
+ public:
+  // Loads and validates the drafter directory against the target's config (as DFlashDrafter does);
+  // refuses non-BF16 matrices (the device linear kernel reads bf16). The context holds max_tokens.
+  CudaDFlash(const std::string& dir, CudaTarget& target, int64_t max_tokens);
+  ~CudaDFlash() override;
+  CudaDFlash(const CudaDFlash&) = delete;
+  CudaDFlash& operator=(const CudaDFlash&) = delete;
+
+  std::string name() const override;
+  int64_t block_size() const override;
+  const std::vector<int32_t>& tap_layers() const override;
+  // taps on the host [n, taps, hidden]: uploaded, then as append_context_device.
+  void append_context(const float* taps, int64_t n) override;
+  int64_t context_len() const override;
+  // Runs the block forward on the device and downloads the logits [B − 1, vocab] (one sync).
+  void draft(int32_t bonus, int64_t start, float* logits) override;
+
+  // Context features from device taps [rows, taps, hidden]: rows = null → rows 0 … n − 1 in order;
+  // else rows[0 … n) (host indices into taps, e.g. a DDTree path). Queued on the target's stream;
+  // no host sync.
+  void append_context_device(const float* taps_dev, int64_t n, const int32_t* rows);
+  void reset();  // empties the context (a new sequence)
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kd

@@ -1,0 +1,194 @@
+// The DFlash drafter on the GPU (src/backend/cuda/cuda_dflash.*) against the CPU DFlashDrafter
+// (itself checked against python/dflash_reference.py's goldens in tests/unit/test_dflash.cpp), and
+// DDTree with the GPU drafter == AR on the GPU, tokens and logits bit for bit.
+//
+// Tolerance for draft logits: max |Δ| / max |ref| ≤ 1e-4, the rule of the CPU drafter's own test:
+// both sides run fp32 on the same bf16 weights and differ only in summation order (≈ 1e-6 here),
+// while the mistakes this catches (a causal block, interleaved RoPE, a wrong YaRN amplitude, a
+// stale block K/V) move the logits by 3e-2 or more (tests/fixtures/dflash-*/golden.json).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_dflash.h"
+#include "backend/cuda/cuda_generate.h"
+#include "backend/cuda/cuda_target.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/deepseek_v3.h"
+#include "model/dflash.h"
+#include "model/make_drafter.h"
+#include "spec/dflash_drafter.h"
+#include "test_util.h"
+
+#define REQUIRE_GPU() \
+  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
+
+namespace kd {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixture(const std::string& name) {
+  const char* env = std::getenv("KDTREE_FIXTURES");
+  return std::string(env ? env : KDTREE_FIXTURES) + "/" + name;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d = std::max(d, double(std::fabs(got[i] - ref[i])));
+    m = std::max(m, double(std::fabs(ref[i])));
+  }
+  return d / m;
+}
+
+// A random drafter (make-model --drafter-for) for a target fixture, made once per process.
+std::string made_drafter(const std::string& target, int32_t layers, int32_t block) {
+  const fs::path dir = fs::temp_directory_path() / cat("kdtree-gpu-drafter-", getpid(), "-", target, "-", layers, "-", block);
+  if (!fs::exists(dir / "config.json")) make_drafter(fixture(target), dir.string(), 7, layers, block, /*force=*/true);
+  return dir.string();
+}
+
+std::vector<float> cpu_draft(const DFlashDrafter& d, const DFlashDrafter::Context& ctx, int32_t bonus, const DeepseekV3& t) {
+  const DFlashConfig& c = d.config();
+  std::vector<int32_t> block(static_cast<size_t>(c.block_size), c.mask_token_id);
+  block[0] = bonus;
+  std::vector<float> out(static_cast<size_t>((c.block_size - 1) * c.vocab_size));
+  d.draft(ctx, block.data(), t.embedding(), t.lm_head(), out.data());
+  return out;
+}
+
+class GpuDFlashGolden : public ::testing::TestWithParam<const char*> {};
+
+// Two rounds of the fixtures' goldens: GPU logits vs the CPU drafter and vs the golden logits; a
+// repeated draft is bit-identical (the block's K/V never enter the context).
+TEST_P(GpuDFlashGolden, LogitsMatchCpuDrafterAcrossTwoRounds) {
+  REQUIRE_GPU();
+  const std::string dir = fixture(GetParam());
+  Checkpoint ck(fixture("k2-bf16"));
+  DeepseekV3 model(ck);
+  CudaTarget t(model, 64);
+  CudaDFlash g(dir, t, 4096);
+  DFlashDrafter d(dir, model.config());
+  DFlashDrafter::Context ctx = d.new_context(4096);
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  const int64_t F = d.config().n_taps() * d.config().hidden_size, V = d.config().vocab_size;
+  for (const char* round : {"1", "2"}) {
+    const auto taps = test::read_tensor<float>(golden, cat("taps", round));
+    const auto block = test::read_tensor<int32_t>(golden, cat("block", round));
+    const auto ref = test::read_tensor<float>(golden, cat("logits", round));
+    for (size_t i = 1; i < block.size(); ++i) ASSERT_EQ(block[i], d.config().mask_token_id);
+    const int64_t n = int64_t(taps.size()) / F;
+    d.append_context(ctx, taps.data(), n);
+    g.append_context(taps.data(), n);
+    ASSERT_EQ(g.context_len(), ctx.len);
+    std::vector<float> got(static_cast<size_t>((d.config().block_size - 1) * V)), again(got.size());
+    g.draft(block[0], g.context_len(), got.data());
+    g.draft(block[0], g.context_len(), again.data());
+    const std::vector<float> cpu = cpu_draft(d, ctx, block[0], model);
+    const double e_cpu = rel_err(got, cpu), e_ref = rel_err(got, ref);
+    std::printf("  %s round %s (context %lld): GPU vs CPU drafter %.2e, GPU vs golden %.2e\n", GetParam(), round,
+                (long long)ctx.len, e_cpu, e_ref);
+    EXPECT_LE(e_cpu, 1e-4) << GetParam() << " round " << round;
+    EXPECT_LE(e_ref, 1e-4) << GetParam() << " round " << round;
+    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << "a second draft differs";
+  }
+  EXPECT_THROW(g.draft(1, g.context_len() + 1, nullptr), Error);  // block not at the context's end
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDFlashGolden, ::testing::Values("dflash-rope", "dflash-yarn"));
+
+// A deeper made drafter (3 layers, block 8, GQA): the context fed from device taps through a row
+// list (a DDTree path) equals the CPU drafter fed those rows from the host.
+TEST(GpuDFlash, DeviceTapRowsMatchCpuDrafter) {
+  REQUIRE_GPU();
+  for (const char* target : {"k2-int4", "dsv3-group"}) {
+    const std::string dir = made_drafter(target, 3, 8);
+    Checkpoint ck(fixture(target));
+    DeepseekV3 model(ck);
+    CudaTarget t(model, 64);
+    CudaDFlash g(dir, t, 256);
+    DFlashDrafter d(dir, model.config());
+    DFlashDrafter::Context ctx = d.new_context(256);
+    const DFlashConfig& c = d.config();
+    const int64_t F = c.n_taps() * c.hidden_size, rows = 24;
+    std::vector<float> taps(static_cast<size_t>(rows * F));
+    for (size_t i = 0; i < taps.size(); ++i) taps[i] = float(std::sin(0.37 * double(i))) * 2.0f;
+    float* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), taps.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, taps.data(), taps.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    // A prompt of rows 0 … 9, then two "paths" of kept rows.
+    d.append_context(ctx, taps.data(), 10);
+    g.append_context_device(dev, 10, nullptr);
+    for (const std::vector<int32_t>& path : {std::vector<int32_t>{10, 12, 13}, std::vector<int32_t>{15, 16, 20, 23}}) {
+      std::vector<float> sel;
+      for (int32_t r : path) sel.insert(sel.end(), taps.begin() + r * F, taps.begin() + (r + 1) * F);
+      d.append_context(ctx, sel.data(), int64_t(path.size()));
+      g.append_context_device(dev, int64_t(path.size()), path.data());
+      std::vector<float> got(static_cast<size_t>((c.block_size - 1) * c.vocab_size));
+      g.draft(5, g.context_len(), got.data());
+      const double e = rel_err(got, cpu_draft(d, ctx, 5, model));
+      std::printf("  %s made drafter, context %lld: GPU vs CPU drafter %.2e\n", target, (long long)ctx.len, e);
+      EXPECT_LE(e, 1e-4) << target;
+    }
+    cudaFree(dev);
+  }
+}
+
+// DDTree / DFlash chains with the GPU drafter: output == AR on the GPU, tokens and logits bitwise.
+TEST(GpuDFlash, DdtreeWithGpuDrafterEqualsArBitwise) {
+  REQUIRE_GPU();
+  struct Case {
+    const char* target;
+    std::string drafter;
+  };
+  for (const Case& k : {Case{"k2-bf16", fixture("dflash-rope")}, Case{"k2-int4", made_drafter("k2-int4", 2, 8)}}) {
+    Checkpoint ck(fixture(k.target));
+    DeepseekV3 model(ck);
+    const ModelConfig& c = model.config();
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < 7; ++i) prompt.push_back(int32_t((i * 37 + 11) % c.vocab_size));
+    CudaTarget t(model, 160);
+    for (float temp : {0.0f, 0.8f}) {
+      GenerateOptions go;
+      go.max_new_tokens = 48;
+      go.ignore_eos = true;
+      go.keep_logits = true;
+      go.sampling.temperature = temp;
+      go.sampling.seed = 3;
+      const GenerateResult ar = generate_ar_cuda(t, prompt, go);
+      for (int64_t budget : {0, 1, 4, 16}) {  // 0: the DFlash chain
+        SpecOptions so;
+        so.chain = budget == 0;
+        so.budget = budget;
+        CudaDFlash g(k.drafter, t, 128);
+        const SpecResult sr = generate_ddtree_cuda(t, g, prompt, go, so);
+        EXPECT_EQ(sr.gen.output_ids, ar.output_ids) << k.target << " T=" << temp << " budget " << budget;
+        ASSERT_EQ(sr.gen.logits.size(), ar.logits.size());
+        EXPECT_EQ(0, std::memcmp(sr.gen.logits.data(), ar.logits.data(), ar.logits.size() * 4))
+            << k.target << " T=" << temp << " budget " << budget << ": logits differ from AR's";
+        // The CPU drafter on the same GPU target drafts (almost always) the same trees.
+        DFlashAdapter cpu(k.drafter, model, 128);
+        const SpecResult sc = generate_ddtree_cuda(t, cpu, prompt, go, so);
+        EXPECT_EQ(sc.gen.output_ids, ar.output_ids);
+        std::printf("  %s T=%.1f budget %lld: rounds %lld accepted %lld (CPU drafter: rounds %lld accepted %lld)\n",
+                    k.target, double(temp), (long long)budget, (long long)sr.stats.rounds, (long long)sr.stats.accepted,
+                    (long long)sc.stats.rounds, (long long)sc.stats.accepted);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kd
