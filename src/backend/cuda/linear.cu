@@ -171,18 +171,23 @@ __device__ __forceinline__ void finish(float (&acc)[MT][R], int mcount, int64_t 
   if (lane == 0) store<R, MT>(acc, mcount, row0, nrows, ys, ep);
 }
 
-// grid (ceil(rows / (kWarps·R)), ceil(M / MT)); KS = kWarps: the block's warps split one row
-// group's chunks (interleaved) and their partial sums are added in warp order — for matrices
-// with few rows (q_a, kv_a, the router), which otherwise leave most SMs idle. Whether a matrix is
-// split depends on its shape only, never on M (row invariance).
+// grid (ceil(M / MT), ceil(rows / (kWarps·R))) when m_fast, else the transpose; KS = kWarps: the
+// block's warps split one row group's chunks (interleaved) and their partial sums are added in
+// warp order — for matrices with few rows (q_a, kv_a, the router), which otherwise leave most SMs
+// idle. Whether a matrix is split depends on its shape only, never on M (row invariance).
+// m_fast: the M-tiles of one row group are neighbouring blocks, so they run at about the same
+// time and all but the first find the weights in L2. With the row groups fastest (before), each
+// M-tile streamed the whole matrix from HBM again (lm_head's 2.35 GB does not fit a 60 MiB L2).
+// Which block computes a tile never changes its arithmetic, so rows keep their bits.
 template <bool INT4, int R, int MT, int KS>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx, int64_t M,
-                                                           float* y, int64_t ldy, int ep) {
+                                                           float* y, int64_t ldy, int ep, bool m_fast) {
   static_assert(KS == 1 || KS == kWarps, "split across the whole block or not at all");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = KS == 1 ? (int64_t(blockIdx.x) * kWarps + warp) * R : int64_t(blockIdx.x) * R;
+  const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
+  const int64_t row0 = KS == 1 ? (bx * kWarps + warp) * R : bx * R;
   if (row0 >= w.rows) return;
-  const int64_t m0 = int64_t(blockIdx.y) * MT;
+  const int64_t m0 = by * MT;
   const int mcount = int(M - m0 < MT ? M - m0 : int64_t(MT));
   const float* xs[MT];
   float* ys[MT];
@@ -268,11 +273,14 @@ void launch_linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, f
   // The M-tile only sets how many rows share a weight load; each row's arithmetic is the same.
   auto go = [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    const dim3 grid(gx, unsigned((M + MT - 1) / MT));
+    const unsigned gm = unsigned((M + MT - 1) / MT);
+    // Grid y is limited to 65535 blocks; every K2 matrix (lm_head: 20480 row groups) fits m_fast.
+    const bool m_fast = gm > 1 && gx <= 65535u;
+    const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
     if (split)
-      linear_kernel<INT4, R, MT, kWarps><<<grid, block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+      linear_kernel<INT4, R, MT, kWarps><<<grid, block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
     else
-      linear_kernel<INT4, R, MT, 1><<<grid, block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep));
+      linear_kernel<INT4, R, MT, 1><<<grid, block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
   };
   if (M == 1)
     go(std::integral_constant<int, 1>{});
@@ -289,6 +297,11 @@ void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y
   check_shape(w, x, ldx, "linear");
   if (w.int4)
     launch_linear<true, 4>(w, x, ldx, M, y, ldy, ep, s);
+  else if (M > 4)
+    // 4 rows a warp for wide batches (verify N ≥ 4, prefill): each x chunk loaded from L1 serves 4
+    // weight rows instead of 2 — with 8 token rows a tile, the x loads (32 B a row a chunk) were
+    // 8× the weight bytes. R never changes a row's reduction order (row invariance).
+    launch_linear<false, 4>(w, x, ldx, M, y, ldy, ep, s);
   else
     launch_linear<false, 2>(w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear");
@@ -304,7 +317,10 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
   if (b.w.int4) {
     // INT4: 8 rows a warp, one token row at a time (an expert's later rows re-read its weights from
     // L2). Measured on k2-slice against 4 rows a warp / M-tiles of 4: decode 3.92 → 3.53 ms a token,
-    // verify of 16 nodes 41.1 → 30.9 ms. R only decides which rows a warp owns, never the order a
+    // verify of 16 nodes 41.1 → 30.9 ms. Token rows in pairs (MT = 2, each weight load serving
+    // both) was measured too: R = 8 already uses 243 registers a thread, MT = 2 spilled (396 bytes
+    // even without the register double buffer) and verify got slower at every N (N = 1: 4.48 →
+    // 5.67 ms, N = 16: 25.9 → 32.9 ms). R only decides which rows a warp owns, never the order a
     // row is reduced in, so rows stay bit-identical whatever the batch.
     constexpr int R = 8;
     const unsigned gx = unsigned((b.w.rows + kWarps * R - 1) / (kWarps * R));
