@@ -105,6 +105,9 @@ HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::mak
   });
   h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
   h.Get("/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
+  // One model, as OpenAI's GET /v1/models/{model}; ids may hold '/' (as Hugging Face names do).
+  for (const char* path : {R"(/v1/models/(.+))", R"(/models/(.+))"})
+    h.Get(path, [this](const httplib::Request& req, httplib::Response& res) { handle_model(req.matches[1].str(), res); });
   for (const char* path : {"/v1/chat/completions", "/chat/completions"})
     h.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_generate(Endpoint::chat, req, res); });
   for (const char* path : {"/v1/completions", "/completions"})
@@ -145,12 +148,22 @@ bool HttpServer::ready(httplib::Response& res) {
   return false;
 }
 
+nlohmann::json HttpServer::model_object() const {
+  return {{"id", model_.name}, {"object", "model"}, {"created", created_}, {"owned_by", "kdtree"},
+          {"meta", {{"n_ctx", model_.context}, {"n_vocab", model_.vocab_size},
+                    {"chat_template", chat_template_kind_name(model_.chat_template)}}}};
+}
+
 void HttpServer::handle_models(httplib::Response& res) {
   if (!ready(res)) return;
-  json m = {{"id", model_.name}, {"object", "model"}, {"created", created_}, {"owned_by", "kdtree"},
-            {"meta", {{"n_ctx", model_.context}, {"n_vocab", model_.vocab_size},
-                      {"chat_template", chat_template_kind_name(model_.chat_template)}}}};
-  res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+  res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+}
+
+void HttpServer::handle_model(const std::string& id, httplib::Response& res) {
+  if (!ready(res)) return;
+  if (id != model_.name)
+    return send_error(res, 404, "invalid_request_error", cat("model '", id, "' not found (this server serves '", model_.name, "')"), "model");
+  res.set_content(model_object().dump(), "application/json");
 }
 
 void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
