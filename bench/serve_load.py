@@ -4,6 +4,11 @@ with and without a prefix-cache hit on a long shared prefix.
 
   build/venv-test/bin/python bench/serve_load.py [--bin build/release/kdtree] [--preset small]
       [--concurrency 1,2,4,8,16,32,64] [--max-tokens 32] [--parallel 16] [--url http://host:port]
+      [--draft [DIR]] [--budget N] [--no-prefix-test]
+
+--draft serves with DDTree speculation: DIR is a DFlash drafter checkpoint; without DIR one is made
+for the model (`kdtree make-model --drafter-for MODEL --seed 0`: random weights, so its acceptance
+is low; the mean accepted length from /metrics is printed with the tables).
 
 Without --url it makes the model (`kdtree make-model --preset PRESET` with the fixture tokenizer),
 starts `kdtree serve` on a free port and stops it at the end. Clients are threads speaking raw
@@ -19,6 +24,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +48,17 @@ class Target:
         if not m:
             sys.exit(f"--url {url}: expected http://HOST:PORT")
         self.host, self.port = m.group(1), int(m.group(2))
+
+    def metrics(self) -> dict[str, float]:
+        """The unlabelled samples of /metrics."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        conn.request("GET", "/metrics")
+        out = {}
+        for line in conn.getresponse().read().decode().splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
 
     def stream(self, body: dict) -> dict:
         """One streamed completion: client-side times of the first text and the end, token count."""
@@ -144,6 +161,9 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("--prefix-words", type=int, default=300)
     ap.add_argument("--prefix-reps", type=int, default=3)
+    ap.add_argument("--no-prefix-test", action="store_true", help="skip the prefix-cache TTFT measurement")
+    ap.add_argument("--draft", nargs="?", const="make", help="DDTree with this DFlash drafter (no value: make one)")
+    ap.add_argument("--budget", type=int, default=0, help="with --draft: DDTree nodes per round (default: the server's)")
     a = ap.parse_args()
 
     proc = None
@@ -162,9 +182,17 @@ def main() -> None:
         (tmp / "config.json").write_text(json.dumps(cfg))
         subprocess.run([a.bin, "make-model", "-q", "--config", str(tmp / "config.json"), "--seed", "0", "-o", str(model),
                         "--force", "--tokenizer", str(REPO / "tests" / "fixtures" / "tokenizer-kimi-small")], check=True)
+        spec = []
+        if a.draft:
+            draft = Path(a.draft)
+            if a.draft == "make":
+                draft = tmp / "dflash"
+                subprocess.run([a.bin, "make-model", "-q", "--drafter-for", str(model), "--seed", "0", "-o", str(draft),
+                                "--force"], check=True)
+            spec = ["--draft", str(draft)] + (["--budget", str(a.budget)] if a.budget else [])
         log = tmp / "serve.log"
         proc = subprocess.Popen([a.bin, "serve", "-m", str(model), "--port", "0", "--parallel", str(a.parallel),
-                                 "--max-queue", "1024", "-c", "8192"], stderr=open(log, "w"))
+                                 "--max-queue", "1024", "-c", "8192", *spec], stderr=open(log, "w"))
         port = None
         for _ in range(600):
             m = re.search(r"listening on http://[^:]+:(\d+)", log.read_text())
@@ -180,8 +208,9 @@ def main() -> None:
                 break
             time.sleep(0.1)
     try:
+        decoding = f"DDTree ({a.draft}{f', budget {a.budget}' if a.budget else ''})" if a.draft else "AR"
         print(f"# kdtree serve load — preset {a.preset}, {a.max_tokens} new tokens/request, ~{a.prompt_words}-word "
-              f"prompts, --parallel {a.parallel}, {os.cpu_count()} CPUs\n")
+              f"prompts, --parallel {a.parallel}, {decoding}, {os.cpu_count()} CPUs\n")
         print("| concurrency | requests | tok/s | req/s | TTFT p50 ms | p90 | p99 | TPOT p50 ms | p90 | p99 |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         t.stream({"prompt": "warm up", "max_tokens": 4, "ignore_eos": True})
@@ -190,6 +219,12 @@ def main() -> None:
             print(f"| {r['conc']} | {r['requests']} | {r['tok_s']:.1f} | {r['req_s']:.2f} | {r['ttft_p50']:.1f} | "
                   f"{r['ttft_p90']:.1f} | {r['ttft_p99']:.1f} | {r['tpot_p50']:.2f} | {r['tpot_p90']:.2f} | {r['tpot_p99']:.2f} |",
                   flush=True)
+        spec_stats = t.metrics()
+        if spec_stats.get("kdtree_spec_rounds_total"):
+            print(f"\nSpeculation over the run: {spec_stats['kdtree_spec_rounds_total']:.0f} rounds, mean accepted length "
+                  f"{spec_stats['kdtree_spec_mean_accepted_length']:.2f} tokens/round")
+        if a.no_prefix_test:
+            return
         miss, hit, cached = prefix_ttft(t, a.prefix_words, a.prefix_reps)
         print(f"\nTTFT on a ~{a.prefix_words}-word shared prefix (median of {a.prefix_reps}): "
               f"miss {miss:.1f} ms, hit {hit:.1f} ms ({cached:.0f} prompt tokens from the cache), {miss / hit:.2f}×")
@@ -197,6 +232,7 @@ def main() -> None:
         if proc:
             proc.terminate()
             proc.wait(timeout=60)
+            shutil.rmtree(tmp, ignore_errors=True)  # the model (and drafter): tens of MB a run
 
 
 if __name__ == "__main__":

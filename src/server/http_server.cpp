@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/log.h"
+#include "server/client_socket.h"
 
 namespace kd {
 
@@ -104,6 +105,9 @@ HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::mak
   });
   h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
   h.Get("/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
+  // One model, as OpenAI's GET /v1/models/{model}; ids may hold '/' (as Hugging Face names do).
+  for (const char* path : {R"(/v1/models/(.+))", R"(/models/(.+))"})
+    h.Get(path, [this](const httplib::Request& req, httplib::Response& res) { handle_model(req.matches[1].str(), res); });
   for (const char* path : {"/v1/chat/completions", "/chat/completions"})
     h.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_generate(Endpoint::chat, req, res); });
   for (const char* path : {"/v1/completions", "/completions"})
@@ -144,12 +148,22 @@ bool HttpServer::ready(httplib::Response& res) {
   return false;
 }
 
+nlohmann::json HttpServer::model_object() const {
+  return {{"id", model_.name}, {"object", "model"}, {"created", created_}, {"owned_by", "kdtree"},
+          {"meta", {{"n_ctx", model_.context}, {"n_vocab", model_.vocab_size},
+                    {"chat_template", chat_template_kind_name(model_.chat_template)}}}};
+}
+
 void HttpServer::handle_models(httplib::Response& res) {
   if (!ready(res)) return;
-  json m = {{"id", model_.name}, {"object", "model"}, {"created", created_}, {"owned_by", "kdtree"},
-            {"meta", {{"n_ctx", model_.context}, {"n_vocab", model_.vocab_size},
-                      {"chat_template", chat_template_kind_name(model_.chat_template)}}}};
-  res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+  res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+}
+
+void HttpServer::handle_model(const std::string& id, httplib::Response& res) {
+  if (!ready(res)) return;
+  if (id != model_.name)
+    return send_error(res, 404, "invalid_request_error", cat("model '", id, "' not found (this server serves '", model_.name, "')"), "model");
+  res.set_content(model_object().dump(), "application/json");
 }
 
 void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
@@ -257,6 +271,7 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
                                                        const std::function<bool()>& client_alive) -> bool {
     bool first = true;
     Clock::time_point t_first{};
+    Clock::time_point last_check = Clock::now();
     for (;;) {
       std::deque<EngineEvent> batch;
       {
@@ -270,14 +285,19 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
         emit(error_json(503, "unavailable_error", "server shutting down"));
         return false;
       }
-      if (batch.empty()) {
+      // Look for a departed client when idle and every 20 ms while events flow (one poll() or
+      // select() call): a non-streaming request writes nothing until it is done, so no failed
+      // write would tell, and its KV should go back within a few engine steps.
+      if (batch.empty() || Clock::now() - last_check >= std::chrono::milliseconds(20)) {
+        last_check = Clock::now();
         if (!client_alive()) {
+          metrics_.count_client_gone();
           ch->abandon = true;
           engine_->cancel(engine_id);
           return false;
         }
-        continue;
       }
+      if (batch.empty()) continue;
       for (EngineEvent& ev : batch) {
         if (!ev.ids.empty() && first) {
           first = false;
@@ -285,6 +305,7 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
         }
         for (const std::string& p : builder->add(ev.ids, ev.logprobs)) {
           if (!emit(p)) {
+            metrics_.count_client_gone();
             ch->abandon = true;
             engine_->cancel(engine_id);
             return false;
@@ -318,13 +339,20 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
   if (!prep.response.stream) {
     std::string body;
     int status = 200;
-    pump(
+    // httplib gives no socket; find this connection's (client_socket.h) to see a client that leaves.
+    const int fd = find_connection_fd(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    if (fd < 0) log_debug("request ", serial, ": connection socket not found, a disconnect will not cancel it");
+    const bool done = pump(
         [&](const std::string& p) {
           body = p;
           if (p.rfind("{\"error\"", 0) == 0) status = json::parse(p)["error"]["code"].get<int>();
           return true;
         },
-        [] { return true; });  // httplib cannot see a closed socket before it writes; max_tokens bounds the work
+        [fd] { return fd < 0 || !peer_hung_up(fd); });
+    if (!done && body.empty()) {  // the client left (nginx's 499): nobody reads this, httplib needs an answer
+      status = 499;
+      body = error_json(499, "invalid_request_error", "client closed the connection");
+    }
     res.status = status;
     res.set_content(body, "application/json");
     return;
@@ -347,6 +375,7 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
       },
       [ch, this, engine_id](bool success) {
         if (!success && !ch->abandon) {  // the connection broke before the provider ran to the end
+          metrics_.count_client_gone();
           ch->abandon = true;
           engine_->cancel(engine_id);
         }

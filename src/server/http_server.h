@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/prepare.h"
@@ -49,6 +51,8 @@ class HttpServer {
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res);
+  void handle_model(const std::string& id, httplib::Response& res);  // 404 unless `id` is the served model
+  nlohmann::json model_object() const;  // the served model as /v1/models lists it
   bool ready(httplib::Response& res);  // false (503 written) while loading
 
   ServerOptions opt_;

@@ -57,6 +57,11 @@ void ServerMetrics::count_response(int status) {
   ++responses_[status];
 }
 
+void ServerMetrics::count_client_gone() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++clients_gone_;
+}
+
 std::string ServerMetrics::render(const EngineMetrics* e, bool loading) const {
   std::string out;
   metric(out, "kdtree_model_loading", "gauge", "1 while the model loads (requests get 503)", loading ? 1 : 0);
@@ -85,6 +90,8 @@ std::string ServerMetrics::render(const EngineMetrics* e, bool loading) const {
   ttft_.render("kdtree_time_to_first_token_seconds", "Request arrival to first generated token", out);
   tpot_.render("kdtree_time_per_output_token_seconds", "Mean time per generated token after the first", out);
   e2e_.render("kdtree_e2e_request_latency_seconds", "Request arrival to the last token", out);
+  metric(out, "kdtree_client_disconnects_total", "counter", "Requests cancelled because the client left before the answer was complete",
+         double(clients_gone_));
   out += "# HELP kdtree_http_responses_total HTTP responses by status code\n# TYPE kdtree_http_responses_total counter\n";
   for (const auto& [code, n] : responses_) out += cat("kdtree_http_responses_total{code=\"", code, "\"} ", n, "\n");
   return out;

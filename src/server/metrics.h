@@ -33,12 +33,14 @@ class ServerMetrics {
   // A request that produced tokens: seconds from arrival to the first token, per later token, total.
   void observe_request(double ttft_s, double tpot_s, bool has_tpot, double e2e_s);
   void count_response(int status);
+  void count_client_gone();  // a client left before its answer was complete; its request was cancelled
   std::string render(const EngineMetrics* engine, bool loading) const;  // engine null while loading
 
  private:
   mutable std::mutex mu_;
   Histogram ttft_, tpot_, e2e_;
   std::map<int, uint64_t> responses_;  // HTTP status → count
+  uint64_t clients_gone_ = 0;
 };
 
 }  // namespace kd

@@ -149,3 +149,45 @@ def test_soak_mixed_requests(server, client):
     # Flat: no more than 16 MiB (or 25 %) above the warmed-up size after all those requests.
     assert rss1 - rss0 < max(16 * 1024, rss0 // 4), (rss0, rss1, samples)
     assert server.metrics()["kdtree_kv_blocks_used"] == 0
+
+
+def test_disconnect_while_waiting_non_streamed_frees_the_sequence(server, client):
+    """A non-streaming client writes nothing back until the end, yet its leaving is seen (the server
+    polls the connection): the request is cancelled within a few steps and its KV freed."""
+    wait_idle(server)
+    before = server.metrics()
+    body = b'{"model":"tiny","prompt":"Tell me a long story","max_tokens":4000,"ignore_eos":true,"temperature":0.5}'
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 20
+    while True:  # generation has started and holds KV
+        m = server.metrics()
+        if m["kdtree_generation_tokens_total"] - before["kdtree_generation_tokens_total"] >= 8:
+            break
+        assert time.time() < deadline, "generation never started"
+        time.sleep(0.01)
+    assert m["kdtree_requests_running"] == 1 and m["kdtree_kv_blocks_used"] > 0
+    s.close()
+    at_close = server.metrics()
+    while True:  # tight: the steps counted here bound how late the cancel came
+        after = server.metrics()
+        if after["kdtree_requests_running"] == 0:
+            break
+        assert time.time() < deadline + 20, f"request still running: {after}"
+    assert after["kdtree_kv_blocks_used"] == 0
+    # Cancelled within a few steps of the close, not run to its 4000 tokens.
+    late = after["kdtree_engine_steps_total"] - at_close["kdtree_engine_steps_total"]
+    assert late < 50, f"{late} engine steps between the close and the cancel"
+    assert after["kdtree_generation_tokens_total"] - before["kdtree_generation_tokens_total"] < 4000
+    assert after["kdtree_client_disconnects_total"] == before["kdtree_client_disconnects_total"] + 1
+    assert complete(client, "still serving?", 1, n=4)
+
+
+def test_non_streamed_client_that_stays_gets_its_answer(server, client):
+    """The hang-up check does not cancel a client that is merely waiting (keep-alive, idle socket)."""
+    before = server.metrics()
+    r = client.completions.create(model="tiny", prompt="Wait for me", max_tokens=300, temperature=0.0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 300 and r.choices[0].finish_reason == "length"
+    assert server.metrics()["kdtree_client_disconnects_total"] == before["kdtree_client_disconnects_total"]

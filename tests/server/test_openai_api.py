@@ -225,3 +225,18 @@ def test_streamed_logprobs_equal_non_streamed(client):
                 if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole]
     assert len(whole) == 7
+
+
+def test_retrieve_one_model(client, server):
+    """GET /v1/models/{id} as OpenAI's models.retrieve; an unknown id is 404 naming it."""
+    import openai
+    m = client.models.retrieve("tiny")
+    assert m.id == "tiny" and m.object == "model" and m.owned_by == "kdtree"
+    status, _, body = server.request("GET", "/v1/models/tiny")
+    listed = json.loads(server.request("GET", "/v1/models")[2])["data"][0]
+    assert status == 200 and json.loads(body) == listed
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o")
+    assert "gpt-4o" in str(e.value)
+    status, _, body = server.request("GET", "/v1/models/org/some-model")
+    assert status == 404 and json.loads(body)["error"]["param"] == "model"
