@@ -281,6 +281,71 @@ TEST_P(CudaFixture, DdtreeEqualsArBitwiseOnGpu) {
   }
 }
 
+// The AR decode step replayed as a captured CUDA graph computes the launch path's bits: same
+// tokens, same logits byte for byte, greedy and sampled. A shape launches on first use and is
+// captured on its second; the 7-token prompt grows the work buffers (graphs dropped, recaptured),
+// and the second 1-token prompt's prefill replays the decode step's graph.
+TEST_P(CudaFixture, DecodeGraphEqualsLaunchesBitwise) {
+  REQUIRE_GPU();
+  Checkpoint ck(fixture(GetParam()));
+  DeepseekV3 model(ck);
+  const ModelConfig& c = model.config();
+  CudaTarget graphed(model, 64), launched(model, 64);
+  ASSERT_TRUE(graphed.graphs());
+  launched.set_graphs(false);
+  for (float temp : {0.0f, 0.8f})
+    for (int64_t plen : {1, 7}) {
+      GenerateOptions g;
+      g.max_new_tokens = 24;
+      g.ignore_eos = true;
+      g.keep_logits = true;
+      g.sampling.temperature = temp;
+      g.sampling.seed = 5;
+      const std::vector<int32_t> prompt = prompt_for(c, plen);
+      const GenerateResult a = generate_ar_cuda(graphed, prompt, g);
+      const GenerateResult b = generate_ar_cuda(launched, prompt, g);
+      ASSERT_EQ(int64_t(a.output_ids.size()), 24);
+      EXPECT_EQ(a.output_ids, b.output_ids) << GetParam() << " T=" << temp << " prompt " << plen;
+      ASSERT_EQ(a.logits.size(), b.logits.size());
+      EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4))
+          << GetParam() << " T=" << temp << " prompt " << plen << ": graph logits differ from launched";
+    }
+}
+
+// DDTree's verify forwards replay one graph per tree size; the run equals the launched one bit
+// for bit (tokens, logits, acceptance), across budgets that give several tree sizes.
+TEST_P(CudaFixture, VerifyGraphsEqualLaunchesBitwise) {
+  REQUIRE_GPU();
+  Checkpoint ck(fixture(GetParam()));
+  DeepseekV3 model(ck);
+  const ModelConfig& c = model.config();
+  const std::vector<int32_t> prompt = prompt_for(c, 6);
+  GenerateOptions g;
+  g.max_new_tokens = 40;
+  g.ignore_eos = true;
+  g.keep_logits = true;
+  g.sampling.temperature = 0.8f;
+  g.sampling.seed = 7;
+  CudaTarget graphed(model, 128), launched(model, 128);
+  launched.set_graphs(false);
+  const GenerateResult ar = generate_ar_cuda(launched, prompt, g);
+  std::vector<int32_t> truth = prompt;
+  truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
+  for (int64_t budget : {1, 5, 16}) {
+    SpecOptions so;
+    so.budget = budget;
+    SyntheticDrafter da(truth, {0.5, 0.2}, 6, c.vocab_size, 11), db(truth, {0.5, 0.2}, 6, c.vocab_size, 11);
+    const SpecResult a = generate_ddtree_cuda(graphed, da, prompt, g, so);
+    const SpecResult b = generate_ddtree_cuda(launched, db, prompt, g, so);
+    EXPECT_EQ(a.gen.output_ids, b.gen.output_ids) << GetParam() << " budget " << budget;
+    EXPECT_EQ(a.gen.output_ids, ar.output_ids) << GetParam() << " budget " << budget;
+    EXPECT_EQ(a.stats.accepted, b.stats.accepted) << GetParam() << " budget " << budget;
+    ASSERT_EQ(a.gen.logits.size(), b.gen.logits.size());
+    EXPECT_EQ(0, std::memcmp(a.gen.logits.data(), b.gen.logits.data(), a.gen.logits.size() * 4))
+        << GetParam() << " budget " << budget << ": graph logits differ from launched";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture, ::testing::ValuesIn(kFixtures));
 
 TEST(CudaTarget, RefusesBadInput) {

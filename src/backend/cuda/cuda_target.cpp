@@ -31,6 +31,7 @@ std::string cuda_device_name() {
 CudaTarget::Impl::~Impl() {
   for (void* p : allocs) cudaFree(p);
   if (h_in) cudaFreeHost(h_in);
+  drop_graphs();
   if (ev0) cudaEventDestroy(ev0);
   if (ev1) cudaEventDestroy(ev1);
   if (fork) cudaEventDestroy(fork);
@@ -255,6 +256,56 @@ void CudaTarget::reset() { impl_->size = 0; }
 uint64_t CudaTarget::device_weight_bytes() const { return impl_->weight_bytes; }
 
 void CudaTarget::forward(const ForwardArgs& a) { forward_impl(*impl_, a, false); }
+void CudaTarget::set_graphs(bool on) { impl_->graphs = on; }
+bool CudaTarget::graphs() const { return impl_->graphs; }
+
+void CudaTarget::Impl::drop_graphs() {
+  for (Graph& g : graph_cache)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graph_cache.clear();
+}
+
+void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, bool want_logits,
+                                   const std::vector<int32_t>* tap_layers, float* taps_dev) {
+  if (n == 1) all_logits = false;  // the last row is the only row: one graph for both
+  const std::vector<int32_t> tap_list = tap_layers ? *tap_layers : std::vector<int32_t>{};
+  const int64_t bound = std::min(cap, cuda::mla_max_keys(cfg.kv_lora_rank, cfg.qk_rope_head_dim));
+  constexpr size_t kMaxGraphs = 64;  // distinct shapes kept (tree sizes ≤ the budget + 1, plus decode)
+  if (graph_in != in) {
+    drop_graphs();
+    graph_in = in;
+    graph_keys = bound;
+  }
+  Graph* hit = nullptr;
+  for (Graph& g : graph_cache)
+    if (g.n == n && g.all_logits == all_logits && g.want_logits == want_logits && g.tap_layers == tap_list && g.taps_dev == taps_dev)
+      hit = &g;
+  // A shape's first forward launches kernel by kernel and only its second is captured: shapes used
+  // once (one tree size, a one-token prompt) pay no capture, and the kernels' one-time setup
+  // (attention's smem opt-in, a non-stream call) has happened before any capture.
+  if (!hit || keys > bound) {  // (the launch path reports a key list beyond the kernel's limit)
+    if (!hit && graph_cache.size() < kMaxGraphs) graph_cache.push_back(Graph{n, all_logits, want_logits, tap_list, taps_dev, nullptr});
+    run(n, keys, all_logits, want_logits, tap_layers, taps_dev);
+    return;
+  }
+  if (!hit->exec) {
+    cudaGraph_t g = nullptr;
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      run(n, bound, all_logits, want_logits, tap_layers, taps_dev);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &g);  // leave the stream usable
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
+    const cudaError_t e = cudaGraphInstantiate(&hit->exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) hit->exec = nullptr;
+    check(e, "cudaGraphInstantiate");
+  }
+  check(cudaGraphLaunch(hit->exec, stream), "cudaGraphLaunch");
+}
 
 const float* CudaTarget::forward_device_taps(const ForwardArgs& a) {
   if (a.taps) fail("forward_device_taps: the taps stay on the device (pass no host taps buffer)");
@@ -280,7 +331,12 @@ const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device
     }
     taps_dev = m.taps;
   }
-  m.run(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  // Repeating shapes replay a captured graph: the one-row AR decode step and the uncommitted
+  // DDTree verify (one graph per tree size). Prefills (any length, once) launch kernel by kernel.
+  if (m.graphs && (n == 1 || !a.commit))
+    m.run_graphed(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  else
+    m.run(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
   const int64_t rows = a.all_logits ? n : 1;
   if (a.logits)
     check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");

@@ -44,6 +44,11 @@ class CudaTarget {
   // forward, but the taps stay on the device (a.taps must be null): returns them, [n, tap_layers,
   // hidden] fp32 in a work buffer that the next forward overwrites (the GPU drafter reads them there).
   const float* forward_device_taps(const ForwardArgs& a);
+  // One-row forwards (AR decode steps) and uncommitted ones (DDTree verify, one per tree size)
+  // replay captured CUDA graphs (on by default); off: every kernel is launched one by one. Both
+  // compute the same bits (tests/gpu compare them).
+  void set_graphs(bool on);
+  bool graphs() const;
   // DDTree compaction of the latent cache, as LatentCache::compact.
   void compact(int64_t start, const std::vector<int32_t>& keep);
 

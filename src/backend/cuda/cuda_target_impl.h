@@ -55,6 +55,27 @@ struct CudaTarget::Impl {
   int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;
   int32_t* h_in = nullptr;  // pinned staging of `in`
 
+  // Forwards of a repeating shape — the one-row AR decode step, the DDTree verify of each tree
+  // size — as captured CUDA graphs, replayed (the launch gaps of ≈ 20 kernels a layer go). All
+  // that changes between replays — tokens, positions, key lists, cache start — already reaches the
+  // kernels through device memory (`in`, uploaded before the launch), so one capture per shape
+  // serves every step and no node's parameters need an update. Attention's smem bound is
+  // captured at graph_keys (the cache's length, within the kernel's limit): it sizes the score
+  // buffer only, the kernels read the real key counts from `in`, so a replay computes the launch
+  // path's bits. Captured against the work buffers of the time: when ensure_rows reallocates them
+  // (graph_in != in) or the taps buffer moves, the graphs are recaptured.
+  struct Graph {
+    int64_t n = 0;
+    bool all_logits = false, want_logits = false;
+    std::vector<int32_t> tap_layers;
+    float* taps_dev = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+  bool graphs = true;
+  std::vector<Graph> graph_cache;
+  const int32_t* graph_in = nullptr;
+  int64_t graph_keys = 0;
+
   ~Impl();
   void* alloc(size_t bytes, const char* what);
   void init_common(int64_t max_tokens);
@@ -63,6 +84,11 @@ struct CudaTarget::Impl {
   // One forward over the n rows staged in `in`; max_keys bounds start + n (attention's smem).
   void run(int64_t n, int64_t max_keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
            float* taps_dev);
+  // run(n, keys, …) by replaying the graph of this shape (captured on first use); keys beyond
+  // graph_keys (or a full cache) fall back to launching.
+  void run_graphed(int64_t n, int64_t keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
+                   float* taps_dev);
+  void drop_graphs();
   void decode_step();  // n = 1, causal, inputs and start on the device; the argmax becomes the next id
   uint64_t weight_bytes_of(int64_t n, const std::vector<int32_t>* distinct, int64_t logit_rows) const;
   double elapsed_ms();
