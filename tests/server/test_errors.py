@@ -43,6 +43,11 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSGS, "top_k": 1.5}, "top_k", ["integer"]),
     (CHAT, {"messages": MSGS, "min_p": 2}, "min_p", []),
     (CHAT, {"messages": MSGS, "seed": -3}, "seed", []),
+    # integers beyond int64 were read wrapped: top_k 2**64-1 became -1 and was accepted as "off";
+    # seed / max_tokens were refused quoting -1, a value the client never sent
+    (CHAT, {"messages": MSGS, "top_k": 2**64 - 1}, "top_k", ["18446744073709551615"]),
+    (CHAT, {"messages": MSGS, "seed": 2**64 - 1}, "seed", ["18446744073709551615"]),
+    (CHAT, {"messages": MSGS, "max_tokens": 2**63}, "max_tokens", ["9223372036854775808"]),
     (CHAT, {"messages": MSGS, "stream": "yes"}, "stream", ["boolean"]),
     (CHAT, {"messages": MSGS, "stop": 5}, "stop", []),
     (CHAT, {"messages": MSGS, "stop": ["a", 1]}, "stop[1]", []),
