@@ -46,7 +46,6 @@ def test_non_streamed_answer_with_padding_ids(padded_server):
     assert len(lp["tokens"]) == 400
     # Padding ids appear as "" (chosen or among the alternatives): the case this test is about.
     assert "" in lp["tokens"] or any("" in alt for alt in lp["top_logprobs"])
-    assert "".join(lp["tokens"]) == ch["text"]
 
 
 def test_streamed_answer_with_padding_ids_keeps_the_server_up(padded_server):
