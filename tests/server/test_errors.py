@@ -139,6 +139,17 @@ def test_openai_client_sees_400_as_bad_request(client):
     assert e.value.status_code == 400
 
 
+def test_max_queue_zero_still_serves(tiny_model, tmp_path):
+    """--max-queue 0 means "never queue", not "refuse everything": free slots still take requests
+    (the bound used to count requests about to be admitted as waiting)."""
+    s = Server(tiny_model, tmp_path / "serve.log", "--parallel", "2", "--max-queue", "0")
+    try:
+        status, _, r = s.post(COMP, {"prompt": "a", "max_tokens": 4})
+        assert status == 200, r
+    finally:
+        s.stop()
+
+
 def test_limits(tiny_model, tmp_path):
     """Context, body size and queue limits on a deliberately small server; it keeps serving."""
     s = Server(tiny_model, tmp_path / "serve.log", "-c", "64", "--max-body", "1", "--parallel", "1", "--max-queue", "1")
