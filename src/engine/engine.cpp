@@ -529,7 +529,9 @@ uint64_t Engine::submit(EngineRequest req) {
   uint64_t id;
   {
     std::lock_guard<std::mutex> lk(I.mu);
-    if (int64_t(I.waiting.size()) >= I.opt.max_queue)
+    // Requests not yet admitted include those about to take a free slot: only the rest wait.
+    const int64_t free_slots = std::max<int64_t>(0, I.opt.n_parallel - I.m.running);
+    if (int64_t(I.waiting.size()) >= I.opt.max_queue + free_slots)
       throw EngineFull(cat("the engine's queue is full (", I.opt.max_queue, " requests waiting): retry later"));
     id = s->id = I.next_id++;
     I.waiting.push_back(std::move(s));

@@ -38,7 +38,7 @@ struct EngineOptions {
   int64_t kv_tokens = 0;        // latent KV pool size in tokens; 0 → n_parallel × context
   int64_t kv_block = 16;        // tokens per KV block: paging and prefix-cache granularity
   int64_t prefill_chunk = 256;  // prompt tokens per sequence per step (chunked prefill)
-  int64_t max_queue = 64;       // waiting requests beyond which submit() throws EngineFull
+  int64_t max_queue = 64;       // requests waiting beyond the free slots, past which submit() throws EngineFull
   bool prefix_cache = true;
   // Speculative decoding: one drafter per running sequence (drafters keep per-sequence context).
   // Empty → plain autoregressive decoding.

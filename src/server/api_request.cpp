@@ -62,6 +62,9 @@ std::optional<double> get_number(const json& body, const char* name) {
 std::optional<int64_t> get_int(const json& body, const char* name) {
   const json* v = field(body, name);
   if (!v) return std::nullopt;
+  // Above 2^63 − 1 nlohmann holds an unsigned that get<int64_t> would wrap (2^64 − 1 → −1).
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    bad_request(name, cat("'", name, "' = ", v->get<uint64_t>(), ": out of range (at most ", std::numeric_limits<int64_t>::max(), ")"));
   if (v->is_number_integer()) return v->get<int64_t>();
   // 16.0 is an integer in JSON's eyes (Python clients send floats sometimes); 16.5 is not.
   if (v->is_number_float()) {

@@ -267,8 +267,8 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
   // Pumps the engine's events through the builder. emit(payload) returns false when the client is
   // gone; the request is then cancelled. Returns the final event (done) or nullopt if abandoned.
   auto builder = std::make_shared<ResponseBuilder>(*model_.tokenizer, prep.response);
-  auto pump = [this, ch, builder, engine_id, t_arrival](const std::function<bool(const std::string&)>& emit,
-                                                       const std::function<bool()>& client_alive) -> bool {
+  auto pump_events = [this, ch, builder, engine_id, t_arrival](const std::function<bool(const std::string&)>& emit,
+                                                              const std::function<bool()>& client_alive) -> bool {
     bool first = true;
     Clock::time_point t_first{};
     Clock::time_point last_check = Clock::now();
@@ -333,6 +333,21 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
         }
         return true;
       }
+    }
+  };
+  // Nothing may escape: httplib 0.11.4 catches exceptions only around routing, so one thrown from a
+  // streaming content provider aborts the process; and a request whose answer failed must not keep
+  // generating for nobody.
+  auto pump = [this, ch, engine_id, pump_events](const std::function<bool(const std::string&)>& emit,
+                                                 const std::function<bool()>& client_alive) -> bool {
+    try {
+      return pump_events(emit, client_alive);
+    } catch (const std::exception& e) {
+      log_line(LogLevel::quiet, cat("server error while answering: ", e.what()));
+      ch->abandon = true;
+      engine_->cancel(engine_id);
+      emit(error_json(500, "server_error", e.what()));
+      return false;
     }
   };
 

@@ -34,8 +34,16 @@ size_t complete_utf8_prefix(const std::string& b) {
   return n;
 }
 
+// The bytes of a generated id. The model's vocabulary may be larger than the tokenizer's (Kimi
+// K2: 163,840 embedding rows, 163,584 tokenizer ids); the padding ids can be sampled or listed
+// among the alternatives. They have no bytes and render as nothing, as HF's decode skips them.
+const std::string& bytes_of(const Tokenizer& tok, int32_t id) {
+  static const std::string none;
+  return id >= 0 && id < tok.vocab_size() ? tok.token_bytes(id) : none;
+}
+
 ojson token_entry(const Tokenizer& tok, int32_t id, float logprob) {
-  const std::string& b = tok.token_bytes(id);
+  const std::string& b = bytes_of(tok, id);
   ojson bytes = ojson::array();
   for (unsigned char c : b) bytes.push_back(int(c));
   return ojson{{"token", utf8_sanitize(b)}, {"logprob", logprob}, {"bytes", bytes}};
@@ -75,7 +83,7 @@ void ResponseBuilder::append_ids(const std::vector<int32_t>& ids, const std::vec
     ++n_generated_;
     const int32_t id = ids[i];
     const bool hidden = std::find(opt_.hidden_ids.begin(), opt_.hidden_ids.end(), id) != opt_.hidden_ids.end();
-    if (!hidden) bytes_ += tok_.token_bytes(id);
+    if (!hidden) bytes_ += bytes_of(tok_, id);
     complete_text(false);
     if (opt_.top_logprobs >= 0 && !hidden) {
       TokenRecord rec{i < logprobs.size() ? logprobs[i] : TokenLogprob{id, 0.0f, {}}, text_.size()};
@@ -150,11 +158,11 @@ std::string ResponseBuilder::logprobs_json(size_t from, size_t to) const {
   ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
   for (size_t i = from; i < to; ++i) {
     const TokenLogprob& lp = tokens_[i].lp;
-    tokens.push_back(utf8_sanitize(tok_.token_bytes(lp.id)));
+    tokens.push_back(utf8_sanitize(bytes_of(tok_, lp.id)));
     token_logprobs.push_back(lp.logprob);
     ojson alt = ojson::object();
     for (size_t k = 0; k < lp.top.size() && int32_t(k) < opt_.top_logprobs; ++k)
-      alt[utf8_sanitize(tok_.token_bytes(lp.top[k].first))] = lp.top[k].second;
+      alt[utf8_sanitize(bytes_of(tok_, lp.top[k].first))] = lp.top[k].second;
     top.push_back(alt);
     offsets.push_back(i == 0 ? size_t(0) : std::min(tokens_[i - 1].text_end, text_.size()));
   }

@@ -43,6 +43,11 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSGS, "top_k": 1.5}, "top_k", ["integer"]),
     (CHAT, {"messages": MSGS, "min_p": 2}, "min_p", []),
     (CHAT, {"messages": MSGS, "seed": -3}, "seed", []),
+    # integers beyond int64 were read wrapped: top_k 2**64-1 became -1 and was accepted as "off";
+    # seed / max_tokens were refused quoting -1, a value the client never sent
+    (CHAT, {"messages": MSGS, "top_k": 2**64 - 1}, "top_k", ["18446744073709551615"]),
+    (CHAT, {"messages": MSGS, "seed": 2**64 - 1}, "seed", ["18446744073709551615"]),
+    (CHAT, {"messages": MSGS, "max_tokens": 2**63}, "max_tokens", ["9223372036854775808"]),
     (CHAT, {"messages": MSGS, "stream": "yes"}, "stream", ["boolean"]),
     (CHAT, {"messages": MSGS, "stop": 5}, "stop", []),
     (CHAT, {"messages": MSGS, "stop": ["a", 1]}, "stop[1]", []),
@@ -132,6 +137,17 @@ def test_openai_client_sees_400_as_bad_request(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=[], max_tokens=3)
     assert e.value.status_code == 400
+
+
+def test_max_queue_zero_still_serves(tiny_model, tmp_path):
+    """--max-queue 0 means "never queue", not "refuse everything": free slots still take requests
+    (the bound used to count requests about to be admitted as waiting)."""
+    s = Server(tiny_model, tmp_path / "serve.log", "--parallel", "2", "--max-queue", "0")
+    try:
+        status, _, r = s.post(COMP, {"prompt": "a", "max_tokens": 4})
+        assert status == 200, r
+    finally:
+        s.stop()
 
 
 def test_limits(tiny_model, tmp_path):

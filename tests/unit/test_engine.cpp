@@ -451,6 +451,39 @@ TEST(Engine, QueueBoundThrowsEngineFull) {
   for (size_t k = 0; k < accepted; ++k) EXPECT_EQ(sink.get(k).n_done, 1);
 }
 
+// The queue bound counts requests waiting for a slot, not those about to take a free one: an idle
+// engine with 4 slots and max_queue 0 ("never queue") takes 4 requests submitted at once. It used to
+// compare the bound with everything not yet admitted, so max_queue 0 refused every request and a
+// burst at an idle server was refused beyond max_queue although slots were free.
+TEST(Engine, QueueBoundLeavesFreeSlotsOpen) {
+  const DeepseekV3& m = fixture_model("k2-bf16");
+  EngineOptions opt;
+  opt.context = 64;
+  opt.n_parallel = 4;
+  opt.max_queue = 0;
+  Sink sink;
+  size_t accepted = 0;
+  {
+    Engine eng(m, opt);
+    for (int k = 0; k < 4; ++k) {
+      EngineRequest r;
+      r.prompt = make_prompt(m.config(), 20, k);
+      r.gen.max_new_tokens = 40;
+      r.gen.ignore_eos = true;
+      r.on_event = sink.callback(size_t(k));
+      try {
+        eng.submit(std::move(r));
+        ++accepted;
+      } catch (const EngineFull& e) {
+        ADD_FAILURE() << "request " << k << " refused with free slots: " << e.what();
+      }
+    }
+    sink.wait_done(accepted);
+  }
+  EXPECT_EQ(accepted, 4u);
+  for (size_t k = 0; k < accepted; ++k) EXPECT_EQ(sink.get(k).finish_reason, "length");
+}
+
 // Many threads submit at once; some requests are cancelled by id, some by their callback, some
 // left to finish; the pool is small so admission waits. Every request ends exactly once and no
 // KV block stays held.

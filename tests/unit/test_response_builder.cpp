@@ -303,6 +303,45 @@ TEST(ResponseBuilder, IgnoreEosRendersNothingHiddenAndCountsEverything) {
   EXPECT_EQ(r.payloads[0]["choices"][0]["text"], "a[EOS]");
 }
 
+// A model's vocabulary may be larger than its tokenizer's (Kimi K2: 163,840 embedding rows, 163,584
+// tokenizer ids): the padding ids can still be sampled, or appear among the top alternatives. They
+// have no bytes — they render as nothing (as HF's decode skips unknown ids) — and must never throw:
+// a throw in the streaming path escaped httplib's content provider and aborted the server.
+TEST(ResponseBuilder, IdsBeyondTheTokenizerRenderAsNothing) {
+  const int32_t pad = tok().vocab_size();  // a valid model id with no tokenizer entry
+  const std::vector<int32_t> ab = {ids_of("a").at(0), ids_of("b").at(0)};
+  ASSERT_EQ(ids_of("a").size(), 1u);
+  ASSERT_EQ(ids_of("b").size(), 1u);
+  for (bool stream : {false, true}) {
+    for (Endpoint ep : {Endpoint::completion, Endpoint::chat}) {
+      ResponseOptions o = base(ep, stream);
+      o.top_logprobs = 2;
+      ResponseBuilder b(tok(), o);
+      const std::vector<int32_t> ids = {ab[0], pad, ab[1]};
+      std::vector<kd::TokenLogprob> lps;
+      for (int32_t id : ids) lps.push_back({id, -1.0f, {{pad + 1, -0.5f}, {ab[0], -2.0f}}});
+      std::vector<json> payloads;
+      ASSERT_NO_THROW(for (const auto& p : b.add(ids, lps)) payloads.push_back(json::parse(p)));
+      std::vector<std::string> fin;
+      ASSERT_NO_THROW(fin = b.finish("length", stats(3)));
+      for (const auto& p : fin) payloads.push_back(json::parse(p));
+      EXPECT_EQ(b.text(), "ab");
+      EXPECT_EQ(b.n_generated(), 3);
+      if (!stream && ep == Endpoint::chat) {
+        const json& content = payloads.at(0)["choices"][0]["logprobs"]["content"];
+        ASSERT_EQ(content.size(), 3u);
+        EXPECT_EQ(content[1]["token"], "");
+        EXPECT_EQ(content[1]["bytes"], json::array());
+        EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "");
+      }
+      if (!stream && ep == Endpoint::completion) {
+        const json& lp = payloads.at(0)["choices"][0]["logprobs"];
+        EXPECT_EQ(lp["tokens"], json::array({"a", "", "b"}));
+      }
+    }
+  }
+}
+
 TEST(GenerationDefaults, MissingFileLeavesEverythingUnset) {
   const kd::GenerationDefaults d = kd::load_generation_defaults(std::string(KDTREE_FIXTURES) + "/tokenizer-kimi-small");
   EXPECT_FALSE(d.temperature || d.top_p || d.top_k || d.min_p || d.max_new_tokens);
