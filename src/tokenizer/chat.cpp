@@ -175,7 +175,7 @@ std::string render_chat(ChatTemplateKind kind, const std::vector<ChatMessage>& m
   if (!opts.tools_json.empty()) {
     try {
       tools = json::parse(opts.tools_json);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double (1e504)
       fail("tools: not valid JSON: ", e.what());
     }
     check_json_integers(opts.tools_json, "tools");
@@ -233,7 +233,7 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
   try {
     j = ojson::parse(json_text);
     check_json_integers(json_text, "messages");
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // parse_error, and out_of_range for numbers beyond double
     fail("messages: not valid JSON: ", e.what());
   }
   if (j.is_object() && j.contains("messages")) j = j["messages"];
@@ -388,7 +388,7 @@ ChatTemplateChoice chat_template_for_checkpoint(const std::string& dir) {
     json cfg;
     try {
       cfg = json::parse(read_file_text(cfg_path));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double (1e504)
       fail(cfg_path.string(), ": not valid JSON: ", e.what());
     }
     if (cfg.is_object() && cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {

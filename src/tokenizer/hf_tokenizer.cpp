@@ -168,7 +168,7 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
   json j;
   try {
     j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double
     fail(path, ": not valid JSON: ", e.what());
   }
   if (!j.is_object()) fail(path, ": top level is not a JSON object");
