@@ -51,7 +51,7 @@ ojson token_entry(const Tokenizer& tok, int32_t id, float logprob) {
 
 }  // namespace
 
-std::string timings_json(const RequestStats& st) {
+ojson timings_object(const RequestStats& st) {
   const int64_t prompt_n = st.n_prompt - st.n_cached;  // what prefill computed
   auto per_s = [](double n, double ms) { return ms > 0 ? n / ms * 1e3 : 0.0; };
   auto per_tok = [](double ms, double n) { return n > 0 ? ms / n : 0.0; };
@@ -71,7 +71,7 @@ std::string timings_json(const RequestStats& st) {
   t["spec_rounds"] = st.rounds;
   // τ: tokens committed per round (the accepted drafts plus the target's own token).
   t["mean_accepted_length"] = st.rounds > 0 ? double(st.accepted + st.rounds) / double(st.rounds) : 1.0;
-  return dump(t);
+  return t;
 }
 
 ResponseBuilder::ResponseBuilder(const Tokenizer& tok, ResponseOptions opt) : tok_(tok), opt_(std::move(opt)) {
@@ -139,8 +139,8 @@ size_t ResponseBuilder::answer_tokens() const {
   return n;
 }
 
-std::string ResponseBuilder::logprobs_json(size_t from, size_t to) const {
-  if (opt_.top_logprobs < 0) return "null";
+ojson ResponseBuilder::logprobs_object(size_t from, size_t to) const {
+  if (opt_.top_logprobs < 0) return nullptr;
   if (opt_.endpoint == Endpoint::chat) {
     ojson content = ojson::array();
     for (size_t i = from; i < to; ++i) {
@@ -152,7 +152,7 @@ std::string ResponseBuilder::logprobs_json(size_t from, size_t to) const {
       e["top_logprobs"] = top;
       content.push_back(e);
     }
-    return dump(ojson{{"content", content}});
+    return ojson{{"content", content}};
   }
   // Completions (legacy shape): parallel arrays; text_offset counts bytes into the completion text.
   ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
@@ -166,7 +166,7 @@ std::string ResponseBuilder::logprobs_json(size_t from, size_t to) const {
     top.push_back(alt);
     offsets.push_back(i == 0 ? size_t(0) : std::min(tokens_[i - 1].text_end, text_.size()));
   }
-  return dump(ojson{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}});
+  return ojson{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
 // One streaming chunk. delta: for chat the delta object's JSON, for completions the text.
@@ -183,7 +183,7 @@ std::string ResponseBuilder::chunk(const std::string& delta, const std::string* 
   // Logprobs of the tokens streamed so far; with a stop match, only those inside the answer.
   const size_t to = std::max(tokens_sent_, answer_tokens());
   if (with_logprobs && opt_.top_logprobs >= 0) {
-    choice["logprobs"] = ojson::parse(logprobs_json(tokens_sent_, to));
+    choice["logprobs"] = logprobs_object(tokens_sent_, to);
     tokens_sent_ = to;
   } else {
     choice["logprobs"] = nullptr;
@@ -279,7 +279,7 @@ std::vector<std::string> ResponseBuilder::finish(const std::string& engine_reaso
 
   // The chunk that carries finish_reason has an empty delta, plus the timings (llama-server).
   ojson fin = ojson::parse(chunk(opt_.endpoint == Endpoint::chat ? "{}" : "", &reason, tokens_sent_ < answer_tokens()));
-  fin["timings"] = ojson::parse(timings_json(stats));
+  fin["timings"] = timings_object(stats);
   out.push_back(dump(fin));
   if (opt_.include_usage) {
     ojson u;
@@ -329,14 +329,14 @@ std::string ResponseBuilder::final_response(const RequestStats& stats) {
   } else {
     choice["text"] = text_;
   }
-  choice["logprobs"] = ojson::parse(logprobs_json(0, answer_tokens()));
+  choice["logprobs"] = logprobs_object(0, answer_tokens());
   choice["finish_reason"] = finish_reason_;
   r["choices"] = ojson::array({choice});
   r["usage"] = {{"prompt_tokens", opt_.n_prompt},
                 {"completion_tokens", n_generated_},
                 {"total_tokens", opt_.n_prompt + n_generated_},
                 {"prompt_tokens_details", {{"cached_tokens", stats.n_cached}}}};
-  r["timings"] = ojson::parse(timings_json(stats));
+  r["timings"] = timings_object(stats);
   return dump(r);
 }
 

@@ -11,6 +11,7 @@
 //   (reasoning, content, tool calls) / completions: the text as is → the delta since the last update.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,7 +68,7 @@ class ResponseBuilder {
   void complete_text(bool final);
   size_t visible_len() const;  // text_ minus a tail that may start a stop string
   std::string chunk(const std::string& delta_json_or_text, const std::string* finish_reason, bool with_logprobs);
-  std::string logprobs_json(size_t from, size_t to) const;
+  nlohmann::ordered_json logprobs_object(size_t from, size_t to) const;  // null when logprobs were not asked for
   size_t answer_tokens() const;  // tokens_ that belong to the answer (all but those past a stop match)
   std::string final_response(const RequestStats& stats);
 
@@ -87,7 +88,7 @@ class ResponseBuilder {
   std::string finish_reason_;
 };
 
-// llama.cpp-style timings plus the speculative statistics, as a JSON object text.
-std::string timings_json(const RequestStats& st);
+// llama.cpp-style timings plus the speculative statistics.
+nlohmann::ordered_json timings_object(const RequestStats& st);
 
 }  // namespace kd
