@@ -51,7 +51,8 @@ TokenLogprob logprob_of(const float* lg, int64_t V, float temperature, int32_t t
 }  // namespace
 
 struct Engine::Impl {
-  const DeepseekV3& model;
+  std::unique_ptr<EngineTarget> owned;  // the CPU model's adapter when built from a DeepseekV3
+  EngineTarget& target;
   EngineOptions opt;
   int64_t ctx = 0, V = 0;
   int64_t draft_block = 0, draft_taps = 0;  // from a probe drafter; 0 without speculative decoding
@@ -69,7 +70,7 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<EngineSeq>> running;  // engine thread only
   std::thread thread;
 
-  Impl(const DeepseekV3& md, EngineOptions o);
+  Impl(std::unique_ptr<EngineTarget> own, EngineTarget& t, EngineOptions o);
   int64_t blocks_for(const EngineSeq& s) const;
   bool try_reserve(EngineSeq& s);
   void admit();
@@ -85,14 +86,30 @@ struct Engine::Impl {
   void refresh_metrics();
 };
 
-Engine::Impl::Impl(const DeepseekV3& md, EngineOptions o)
-    : model(md),
+namespace {
+
+// Blocks of the pool: opt.kv_tokens, or n_parallel × context, within what the target can hold.
+int64_t pool_blocks(const EngineTarget& t, const EngineOptions& opt, int64_t ctx) {
+  const int64_t kb = std::max<int64_t>(1, opt.kv_block), limit = t.max_kv_tokens(kb);
+  if (opt.kv_tokens > limit)
+    fail("engine: a KV pool of ", opt.kv_tokens, " tokens does not fit the ", t.device(), " (at most ", limit,
+         " tokens now): lower --kv-tokens");
+  int64_t want = opt.kv_tokens > 0 ? opt.kv_tokens : std::max<int64_t>(1, opt.n_parallel) * ctx;
+  want = std::min(want, limit);
+  if (want < kb) fail("engine: no room for a KV pool on the ", t.device(), " (", limit, " tokens fit)");
+  return std::max<int64_t>(1, (want + kb - 1) / kb);
+}
+
+}  // namespace
+
+Engine::Impl::Impl(std::unique_ptr<EngineTarget> own, EngineTarget& t, EngineOptions o)
+    : owned(std::move(own)),
+      target(t),
       opt(std::move(o)),
-      ctx(opt.context > 0 ? std::min(opt.context, md.config().max_position_embeddings) : md.config().max_position_embeddings),
-      V(md.config().vocab_size),
-      pool(md.config().num_hidden_layers, md.config().latent_dim(), opt.kv_block < 1 ? 1 : opt.kv_block,
-           std::max<int64_t>(1, ((opt.kv_tokens > 0 ? opt.kv_tokens : std::max<int64_t>(1, opt.n_parallel) * ctx) +
-                                 std::max<int64_t>(1, opt.kv_block) - 1) / std::max<int64_t>(1, opt.kv_block))) {
+      ctx(std::min(opt.context > 0 ? opt.context : t.config().max_position_embeddings, t.max_context())),
+      V(t.config().vocab_size),
+      pool(t.config().num_hidden_layers, t.config().latent_dim(), opt.kv_block < 1 ? 1 : opt.kv_block,
+           opt.kv_tokens < 0 || opt.kv_block < 1 ? 1 : pool_blocks(t, opt, ctx), t.host_kv()) {
   if (opt.n_parallel < 1) fail("engine: --parallel must be at least 1 (got ", opt.n_parallel, ")");
   if (opt.context < 0) fail("engine: the context (", opt.context, ") is negative");
   if (opt.kv_block < 1) fail("engine: the KV block size must be at least 1 token (got ", opt.kv_block, ")");
@@ -108,6 +125,7 @@ Engine::Impl::Impl(const DeepseekV3& md, EngineOptions o)
     draft_taps = int64_t(probe->tap_layers().size());
   }
   m.kv_blocks_total = pool.n_blocks();
+  target.init_kv(pool.n_blocks(), pool.block_tokens());
 }
 
 // Worst-case rows of a request: prompt + every new token, plus one round's scratch tree.
@@ -204,17 +222,18 @@ void Engine::Impl::ensure_rows(EngineSeq& s, int64_t rows) {
 
 // This step's rows of one sequence; false when it has none.
 bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
-  const ModelConfig& c = model.config();
+  const ModelConfig& c = target.config();
   ForwardArgs& a = f.args;
   s.step_logits = true;
   s.round.reset();
   if (s.next < 0) {
-    // Prefill chunk: expanded MLA, as generate_ar's prefill (row invariance: chunks and prefix-cache
-    // hits give the one-shot prefill's latents bit for bit). Logits only after the last prompt row.
+    // Prefill chunk in the target's prefill form (the CPU: expanded MLA, as generate_ar's prefill;
+    // row invariance: chunks and prefix-cache hits give the one-shot prefill's latents bit for
+    // bit). Logits only after the last prompt row.
     s.step_rows = std::min(opt.prefill_chunk, s.lim.n_prompt - s.n_kv);
     s.step_logits = s.n_kv + s.step_rows == s.lim.n_prompt;
     a.ids = s.tokens.data() + s.n_kv;
-    a.form = AttnForm::expanded;
+    a.form = target.prefill_form();
   } else if (s.drafter) {
     // A DDTree round after the bonus token `next` at position n_kv.
     const int64_t start = s.n_kv;
@@ -315,14 +334,9 @@ void Engine::Impl::post(EngineSeq& s) {
     m.spec_accepted += uint64_t(tau - 1);
   }
   if (!s.ev.finish_reason.empty()) return;
-  const KvView kv = pool.view(s.blocks);
-  for (int64_t k = 0; k < tau; ++k) {
-    const int64_t from = path[size_t(k)];
-    if (from == k) continue;
-    for (int64_t l = 0; l < kv.n_layers; ++l) std::copy_n(kv.row(l, start + from), kv.dim, kv.row(l, start + k));
-  }
+  target.keep_rows(pool.view(s.blocks), start, path);
   s.n_kv = start + tau;
-  const int64_t hid = model.config().hidden_size, width = s.n_taps * hid;
+  const int64_t hid = target.config().hidden_size, width = s.n_taps * hid;
   std::vector<float> acc(static_cast<size_t>(tau * width));
   for (int64_t k = 0; k < tau && width; ++k)
     std::copy_n(&s.taps[size_t(path[size_t(k)] * width)], width, &acc[size_t(k * width)]);
@@ -422,7 +436,7 @@ void Engine::Impl::step() {
   }
   if (!batch.empty()) {
     try {
-      model.forward_batch(batch);
+      target.forward_batch(batch);
       for (EngineSeq* s : in_batch) {
         try {
           post(*s);
@@ -495,7 +509,14 @@ void Engine::Impl::loop() {
   refresh_metrics();
 }
 
-Engine::Engine(const DeepseekV3& model, EngineOptions opt) : impl_(std::make_unique<Impl>(model, std::move(opt))) {
+Engine::Engine(const DeepseekV3& model, EngineOptions opt) {
+  std::unique_ptr<EngineTarget> t = cpu_engine_target(model);
+  EngineTarget& ref = *t;
+  impl_ = std::make_unique<Impl>(std::move(t), ref, std::move(opt));
+  impl_->thread = std::thread([this] { impl_->loop(); });
+}
+
+Engine::Engine(EngineTarget& target, EngineOptions opt) : impl_(std::make_unique<Impl>(nullptr, target, std::move(opt))) {
   impl_->thread = std::thread([this] { impl_->loop(); });
 }
 
@@ -517,7 +538,9 @@ uint64_t Engine::submit(EngineRequest req) {
   auto s = std::make_unique<EngineSeq>();
   GenerateOptions& gen = req.gen;
   gen.context = gen.context > 0 ? std::min(gen.context, I.ctx) : I.ctx;
-  s->lim = check_generation(I.model.config(), req.prompt, gen);
+  if (!I.target.supports(gen.decode_form))
+    fail("the ", I.target.device(), " target runs the absorbed MLA form only: use --decode-attn absorbed");
+  s->lim = check_generation(I.target.config(), req.prompt, gen);
   s->tokens = req.prompt;
   s->req = std::move(req);
   const int64_t need = I.blocks_for(*s);
@@ -554,7 +577,9 @@ EngineMetrics Engine::metrics() const {
   return impl_->m;
 }
 
-const ModelConfig& Engine::config() const { return impl_->model.config(); }
+const ModelConfig& Engine::config() const { return impl_->target.config(); }
 const EngineOptions& Engine::options() const { return impl_->opt; }
+int64_t Engine::context() const { return impl_->ctx; }
+int64_t Engine::kv_tokens() const { return impl_->pool.n_blocks() * impl_->pool.block_tokens(); }
 
 }  // namespace kd

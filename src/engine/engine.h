@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/engine_target.h"
 #include "model/deepseek_v3.h"
 #include "spec/ar.h"
 #include "spec/ddtree.h"
@@ -35,7 +36,7 @@ namespace kd {
 struct EngineOptions {
   int64_t n_parallel = 4;       // sequences running at once (`serve --parallel`)
   int64_t context = 0;          // per-sequence context limit in tokens; 0 → max_position_embeddings
-  int64_t kv_tokens = 0;        // latent KV pool size in tokens; 0 → n_parallel × context
+  int64_t kv_tokens = 0;        // latent KV pool size in tokens; 0 → n_parallel × context (within the target's memory)
   int64_t kv_block = 16;        // tokens per KV block: paging and prefix-cache granularity
   int64_t prefill_chunk = 256;  // prompt tokens per sequence per step (chunked prefill)
   int64_t max_queue = 64;       // requests waiting beyond the free slots, past which submit() throws EngineFull
@@ -110,8 +111,11 @@ class EngineFull : public Error {
 
 class Engine {
  public:
-  // Starts the engine thread. The model (and anything make_drafter captures) must outlive the engine.
+  // Starts the engine thread. The model or target (and anything make_drafter captures) must outlive
+  // the engine. On the CPU model:
   Engine(const DeepseekV3& model, EngineOptions opt);
+  // On any target (the CUDA target: cuda_engine_target). The target's KV is sized and set up here.
+  Engine(EngineTarget& target, EngineOptions opt);
   ~Engine();  // cancels every request (each gets its final event) and joins the thread
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -124,6 +128,8 @@ class Engine {
   EngineMetrics metrics() const;
   const ModelConfig& config() const;
   const EngineOptions& options() const;
+  int64_t context() const;    // per-sequence context limit in effect
+  int64_t kv_tokens() const;  // the KV pool's size in tokens
 
  private:
   struct Impl;

@@ -6,8 +6,8 @@
 
 namespace kd {
 
-KvPool::KvPool(int64_t n_layers, int64_t dim, int64_t block_tokens, int64_t n_blocks)
-    : n_layers_(n_layers), dim_(dim), block_tokens_(block_tokens) {
+KvPool::KvPool(int64_t n_layers, int64_t dim, int64_t block_tokens, int64_t n_blocks, bool host_storage)
+    : n_layers_(n_layers), dim_(dim), block_tokens_(block_tokens), host_storage_(host_storage) {
   if (block_tokens < 1) fail("KV block size must be at least 1 token (got ", block_tokens, ")");
   if (n_blocks < 1 || n_blocks > (int64_t(1) << 30)) fail("KV pool: ", n_blocks, " blocks is out of range");
   meta_.resize(static_cast<size_t>(n_blocks));
@@ -32,7 +32,7 @@ int32_t KvPool::allocate() {
   Meta& m = meta_[size_t(b)];
   m.refs = 1;
   ++m.gen;
-  if (!storage_[size_t(b)]) storage_[size_t(b)] = std::make_unique<float[]>(size_t(n_layers_ * block_tokens_ * dim_));
+  if (host_storage_ && !storage_[size_t(b)]) storage_[size_t(b)] = std::make_unique<float[]>(size_t(n_layers_ * block_tokens_ * dim_));
   return b;
 }
 
@@ -103,6 +103,8 @@ KvView KvPool::view(const std::vector<int32_t>& table) const {
   v.dim = dim_;
   v.n_layers = n_layers_;
   v.block_tokens = block_tokens_;
+  v.blocks = table;
+  if (!host_storage_) return v;
   v.ptrs.reserve(table.size() * size_t(n_layers_));
   for (int32_t b : table)
     for (int64_t l = 0; l < n_layers_; ++l) v.ptrs.push_back(row(b, l, 0));

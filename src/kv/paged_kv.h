@@ -22,7 +22,10 @@ namespace kd {
 class KvPool {
  public:
   // Storage of a block ([n_layers, block_tokens, dim] fp32) is allocated the first time it is lent.
-  KvPool(int64_t n_layers, int64_t dim, int64_t block_tokens, int64_t n_blocks);
+  // host_storage = false: the pool only does the bookkeeping (block ids, refcounts, prefix cache)
+  // for a target that keeps the blocks itself (the CUDA target's device cache); views then carry
+  // block ids only and row() must not be called.
+  KvPool(int64_t n_layers, int64_t dim, int64_t block_tokens, int64_t n_blocks, bool host_storage = true);
 
   int64_t block_tokens() const { return block_tokens_; }
   int64_t n_blocks() const { return int64_t(meta_.size()); }
@@ -64,6 +67,7 @@ class KvPool {
   void uncache(int32_t b);
 
   int64_t n_layers_, dim_, block_tokens_;
+  bool host_storage_ = true;
   std::vector<Meta> meta_;
   std::vector<std::unique_ptr<float[]>> storage_;
   std::vector<int32_t> free_;   // never-cached or evicted blocks, reused LIFO

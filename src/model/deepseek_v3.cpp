@@ -445,6 +445,7 @@ void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
     const ForwardArgs& a = f.args;
     const int64_t n = a.n, start = f.start;
     if (n <= 0) fail("forward: no tokens (sequence ", sq, " of the batch)");
+    if (f.kv.ptrs.empty()) fail("forward: sequence ", sq, "'s KV has no host storage (a device target's pool)");
     if (start + n > f.kv.capacity())
       fail("forward: ", start, " + ", n, " rows exceed the ", f.kv.capacity(), " KV rows of sequence ", sq);
     for (int64_t i = 0; i < n; ++i)

@@ -5,10 +5,11 @@
 //   s_t   = (q_lat · c_kv[t] + q_pe · k_pe[t]) · scale     over the row's key list
 //   p     = softmax(s);  o_lat = Σ_t p_t c_kv[t]           [Lr]    mla_core_kernel, per (row, head)
 //   out   = W_UV o_lat                                    [dv]    wuv_kernel, a warp per value
-// The key list of row i is the committed rows 0 … start−1 followed by the new rows it may see (its
-// tree ancestors and itself, ascending): exactly the list of the AR step for the same prefix, and
-// every reduction is ordered by position in that list — so a verified node reproduces its AR step
-// bit for bit whatever the tree around it (no public Hopper MLA kernel takes a tree mask).
+// The key list of row i (kernels.h KeyLists) is its sequence's committed rows 0 … start−1 (through
+// the block table of a paged cache) followed by the new rows it may see (its tree ancestors and
+// itself, ascending): exactly the list of the AR step for the same prefix, and every reduction is
+// ordered by position in that list — so a verified node reproduces its AR step bit for bit whatever
+// the tree, the batch or the paging around it (no public Hopper MLA kernel takes a tree mask).
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -71,9 +72,14 @@ __global__ void __launch_bounds__(kThreads) mla_core_kernel(MlaParams p) {
   for (int64_t d = tid; d < dr; d += kThreads) qpe[d] = p.q[ih * (dn + dr) + dn + d];
   __syncthreads();
 
-  const int64_t start = *p.start, len = start + p.vis_cnt[i];
-  const int32_t* vis = p.vis_rows + i * p.n;
-  auto key_row = [&](int64_t t) { return t < start ? t : start + vis[t - start]; };
+  const KeyLists& k = p.keys;
+  const int64_t start = k.start[i], len = start + k.cnt[i], bt = k.bt;
+  const int32_t* table = k.tables + k.tab[i];
+  const int32_t* vis = k.vis + k.voff[i];
+  const int32_t* wrow = k.wrow + k.base[i];
+  auto key_row = [&](int64_t t) -> int64_t {
+    return t < start ? int64_t(table[t / bt]) * bt + t % bt : int64_t(wrow[vis[t - start]]);
+  };
 
   // Scores: one warp per key, lanes over bf16 pairs of the latent.
   for (int64_t t = warp; t < len; t += nw) {

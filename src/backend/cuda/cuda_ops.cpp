@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -49,21 +50,30 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
 void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t>& cache, const std::vector<uint16_t>& kv_b,
                    const std::vector<int32_t>& vis_rows, const std::vector<int32_t>& vis_cnt, float* out) {
   Buf dq(q, size_t(s.n * s.H * (s.dn + s.dr)) * 4), dc(cache.data(), cache.size() * 2), dk(kv_b.data(), kv_b.size() * 2);
-  Buf dvr(vis_rows.data(), vis_rows.size() * 4), dvc(vis_cnt.data(), vis_cnt.size() * 4), dout(size_t(s.n * s.H * s.dv) * 4);
+  // One contiguous sequence: a single block as long as the cache, new rows written after `start`.
+  const int64_t n = s.n;
+  std::vector<int32_t> lists;  // cnt | start | tab | wrow | base | voff | tables | vis
+  for (int64_t i = 0; i < n; ++i) lists.push_back(vis_cnt[size_t(i)]);
+  for (int64_t i = 0; i < n; ++i) lists.push_back(int32_t(s.start));
+  for (int64_t i = 0; i < n; ++i) lists.push_back(0);
+  for (int64_t i = 0; i < n; ++i) lists.push_back(int32_t(s.start + i));
+  for (int64_t i = 0; i < n; ++i) lists.push_back(0);
+  for (int64_t i = 0; i < n; ++i) lists.push_back(int32_t(i * n));
+  lists.push_back(0);
+  lists.insert(lists.end(), vis_rows.begin(), vis_rows.end());
+  Buf dl(lists.data(), lists.size() * 4), dout(size_t(s.n * s.H * s.dv) * 4);
   Buf dql(size_t(s.n * s.H * s.Lr) * 4), dol(size_t(s.n * s.H * s.Lr) * 4);
-  const int32_t start = int32_t(s.start);
-  Buf dstart(&start, 4);
+  const int32_t* L = dl.as<int32_t>();
   cuda::MlaParams p;
   p.q = dq.as<float>();
   p.kv_b = dk.as<uint16_t>();
   p.cache = dc.as<uint16_t>();
-  p.vis_rows = dvr.as<int32_t>();
-  p.vis_cnt = dvc.as<int32_t>();
+  p.keys = cuda::KeyLists{L, L + n, L + 2 * n, L + 3 * n, L + 4 * n, L + 5 * n, L + 6 * n + 1, L + 6 * n,
+                          std::max<int64_t>(1, int64_t(cache.size()) / (s.Lr + s.dr))};
   p.out = dout.as<float>();
   p.qlat = dql.as<float>();
   p.olat = dol.as<float>();
   p.n = s.n;
-  p.start = dstart.as<int32_t>();
   p.max_keys = s.start + s.n;
   p.H = s.H;
   p.dn = s.dn;

@@ -48,6 +48,14 @@ void* CudaTarget::Impl::alloc(size_t bytes, const char* what) {
   return p;
 }
 
+void CudaTarget::Impl::release(void* p) {
+  if (!p) return;
+  auto it = std::find(allocs.begin(), allocs.end(), p);
+  if (it == allocs.end()) return;
+  cudaFree(p);
+  allocs.erase(it);
+}
+
 void CudaTarget::Impl::init_common(int64_t max_tokens) {
   const ModelConfig& c = cfg;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -59,6 +67,7 @@ void CudaTarget::Impl::init_common(int64_t max_tokens) {
   cap = std::min(max_tokens, c.max_position_embeddings);
   if (cap < 1) fail("CUDA target: the cache must hold at least one token");
   D = c.latent_dim();
+  bt = cap;
   cache = static_cast<uint16_t*>(alloc(size_t(c.num_hidden_layers * cap * D) * 2, "the latent KV cache"));
   const std::vector<float> f = c.rope_inv_freq();
   inv_freq = static_cast<float*>(alloc(f.size() * 4, "RoPE frequencies"));
@@ -71,7 +80,14 @@ void CudaTarget::Impl::init_common(int64_t max_tokens) {
 void CudaTarget::Impl::ensure_rows(int64_t n) {
   if (n <= rows_cap) return;
   const ModelConfig& c = cfg;
-  // Work buffers are kept across forwards; growing frees nothing (the old ones stay in `allocs`).
+  check(cudaStreamSynchronize(stream), "ensure_rows");  // nothing may still read the old buffers
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(xn), static_cast<void*>(cq), static_cast<void*>(q),
+                  static_cast<void*>(kv), static_cast<void*>(attn), static_cast<void*>(qlat), static_cast<void*>(olat),
+                  static_cast<void*>(h), static_cast<void*>(h2), static_cast<void*>(ys), static_cast<void*>(sh),
+                  static_cast<void*>(rl), static_cast<void*>(wts), static_cast<void*>(xg), static_cast<void*>(chosen),
+                  static_cast<void*>(entry_token), static_cast<void*>(entry_slot), static_cast<void*>(n_active),
+                  static_cast<void*>(act_expert), static_cast<void*>(act_off), static_cast<void*>(act_cnt)})
+    release(p);
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, K = std::max<int64_t>(c.num_experts_per_tok, 1);
   const int64_t mi = c.moe_intermediate_size, ns = std::max<int64_t>(c.n_shared_experts, 1);
   const int64_t hmax = std::max({c.intermediate_size, K * mi, mi * ns});
@@ -91,8 +107,7 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   sh = fbuf(hid, "sh");
   rl = fbuf(std::max<int64_t>(c.n_routed_experts, 1), "router logits");
   wts = fbuf(K, "router weights");
-  logits = fbuf(c.vocab_size, "logits");
-  in = ibuf(3 * n + n * n + 1, "ids/positions/visibility/start");
+  xg = fbuf(hid, "logit rows");
   chosen = ibuf(n * K, "chosen");
   entry_token = ibuf(n * K, "entries");
   entry_slot = ibuf(n * K, "entries");
@@ -101,14 +116,33 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   act_expert = ibuf(E, "act");
   act_off = ibuf(E, "act");
   act_cnt = ibuf(E, "act");
-  keep = ibuf(n, "keep");
-  if (h_in) cudaFreeHost(h_in);
-  h_in = nullptr;
-  check(cudaMallocHost(reinterpret_cast<void**>(&h_in), size_t(3 * n + n * n + 1) * 4), "cudaMallocHost");
   rows_cap = n;
+  ++buf_gen;
 }
 
-void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool want_logits,
+void CudaTarget::Impl::ensure_logits(int64_t rows) {
+  if (rows <= logits_cap) return;
+  check(cudaStreamSynchronize(stream), "ensure_logits");
+  release(logits);
+  logits = static_cast<float*>(alloc(size_t(rows * cfg.vocab_size) * 4, "logits"));
+  logits_cap = rows;
+  ++buf_gen;
+}
+
+void CudaTarget::Impl::ensure_in(int64_t ints) {
+  if (ints <= in_cap) return;
+  check(cudaStreamSynchronize(stream), "ensure_in");
+  release(in);
+  if (h_in) cudaFreeHost(h_in);
+  h_in = nullptr;
+  const int64_t cap_ints = std::max<int64_t>(ints, 2 * in_cap);
+  in = static_cast<int32_t*>(alloc(size_t(cap_ints) * 4, "forward inputs"));
+  check(cudaMallocHost(reinterpret_cast<void**>(&h_in), size_t(cap_ints) * 4), "cudaMallocHost");
+  in_cap = cap_ints;
+  ++buf_gen;
+}
+
+void CudaTarget::Impl::run(int64_t n, int64_t nt, int64_t max_keys, int64_t n_logits,
                            const std::vector<int32_t>* tap_layers, float* taps_dev) {
   const ModelConfig& c = cfg;
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, qr = c.q_lora_rank, qk = c.qk_head_dim();
@@ -116,9 +150,8 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
   const int32_t* ids = in;
   const int32_t* pos = in + n;
-  const int32_t* cnt = in + 2 * n;
-  const int32_t* vrows = in + 3 * n;
-  const int32_t* start = in + 3 * n + n * n;
+  const cuda::KeyLists keys{in + 2 * n, in + 3 * n, in + 4 * n, in + 5 * n, in + 6 * n, in + 7 * n, in + 9 * n + nt, in + 9 * n, bt};
+  const int32_t* lrows = in + 8 * n;
   cudaStream_t s = stream;
   using cuda::Epilogue;
   cuda::embed(embed, hid, ids, n, x, s);
@@ -132,7 +165,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
     check(cudaEventRecord(fork, s), "fork");
     check(cudaStreamWaitEvent(side, fork), "fork");
     cuda::linear(L.kv_a, xn, hid, n, kv, D, Epilogue::store, side);
-    cuda::latent_write(kv, n, Lr, dr, L.kv_a_norm, c.latent_norm_eps, inv_freq, pos, rope_scaling, cache_l, start, side);
+    cuda::latent_write(kv, n, Lr, dr, L.kv_a_norm, c.latent_norm_eps, inv_freq, pos, rope_scaling, cache_l, keys.wrow, side);
     check(cudaEventRecord(join, side), "join");
     cuda::linear(L.q_a, xn, hid, n, cq, qr, Epilogue::store, s);
     cuda::rmsnorm(cq, qr, L.q_a_norm, n, qr, c.latent_norm_eps, cq, qr, s);
@@ -143,13 +176,11 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
     mp.q = q;
     mp.kv_b = static_cast<const uint16_t*>(L.kv_b.w);
     mp.cache = cache_l;
-    mp.vis_rows = vrows;
-    mp.vis_cnt = cnt;
+    mp.keys = keys;
     mp.out = attn;
     mp.qlat = qlat;
     mp.olat = olat;
     mp.n = n;
-    mp.start = start;
     mp.max_keys = max_keys;
     mp.H = H;
     mp.dn = dn;
@@ -213,38 +244,75 @@ void CudaTarget::Impl::run(int64_t n, int64_t max_keys, bool all_logits, bool wa
                                 cudaMemcpyDeviceToDevice, s),
               "tap copy");
   }
-  if (!want_logits) return;
-  const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
-  cuda::rmsnorm(x + first * hid, hid, final_norm, rows, hid, c.rms_norm_eps, xn, hid, s);
-  cuda::linear(lm_head, xn, hid, rows, logits, c.vocab_size, Epilogue::store, s);
+  if (n_logits == 0) return;
+  cuda::gather_rows(x, hid, lrows, n_logits, xg, s);
+  cuda::rmsnorm(xg, hid, final_norm, n_logits, hid, c.rms_norm_eps, xn, hid, s);
+  cuda::linear(lm_head, xn, hid, n_logits, logits, c.vocab_size, Epilogue::store, s);
 }
 
-// Host side of a forward: checks as the CPU forward does, then packs ids | positions | key counts |
-// key rows into one upload.
-int64_t CudaTarget::Impl::upload_inputs(const int32_t* ids_h, int64_t n, const int32_t* positions, const uint8_t* visibility) {
+// Host side of a forward: checks as the CPU forward does, then the key lists of each row.
+void CudaTarget::Impl::stage_seq(Staged& st, const int32_t* ids_h, int64_t n, const int32_t* positions,
+                                 const uint8_t* visibility, int64_t start, const int32_t* table, int64_t n_table,
+                                 bool all_logits, bool want_logits) const {
   const ModelConfig& c = cfg;
-  const int64_t start = size;
   if (n <= 0) fail("forward: no tokens");
   for (int64_t i = 0; i < n; ++i)
     if (ids_h[i] < 0 || ids_h[i] >= c.vocab_size)
       fail("token id ", ids_h[i], " at index ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  if (start + n > cap) fail("context full: ", start, " + ", n, " tokens exceed the CUDA cache's limit of ", cap);
-  ensure_rows(n);
-  int32_t* p = h_in;
-  std::memcpy(p, ids_h, size_t(n) * 4);
+  if (start + n > n_table * bt)
+    fail("context full: ", start, " + ", n, " tokens exceed the ", n_table * bt, " cache rows given to the sequence");
+  for (int64_t b = 0; b < n_table; ++b)
+    if (table[b] < 0 || table[b] >= n_blocks) fail("KV block ", table[b], " is outside the cache's ", n_blocks, " blocks");
+  const int32_t base = int32_t(st.n), tab = int32_t(st.tables.size());
+  st.tables.insert(st.tables.end(), table, table + n_table);
+  auto phys = [&](int64_t t) { return int32_t(int64_t(table[t / bt]) * bt + t % bt); };
   for (int64_t i = 0; i < n; ++i) {
     const int32_t ps = positions ? positions[i] : int32_t(start + i);
     if (ps < 0 || ps >= c.max_position_embeddings)
       fail("position ", ps, " is outside the model's context [0, ", c.max_position_embeddings, ")");
-    p[n + i] = ps;
+    st.ids.push_back(ids_h[i]);
+    st.pos.push_back(ps);
+    st.voff.push_back(int32_t(st.vis.size()));
     int32_t k = 0;
     for (int64_t j = 0; j < n; ++j)
-      if (visibility ? visibility[i * n + j] != 0 : j <= i) p[3 * n + i * n + k++] = int32_t(j);
-    p[2 * n + i] = k;
+      if (visibility ? visibility[i * n + j] != 0 : j <= i) st.vis.push_back(int32_t(j)), ++k;
+    st.cnt.push_back(k);
+    st.start.push_back(int32_t(start));
+    st.tab.push_back(tab);
+    st.wrow.push_back(phys(start + i));
+    st.base.push_back(base);
+    st.max_keys = std::max(st.max_keys, start + k);
   }
-  p[3 * n + n * n] = int32_t(start);
-  check(cudaMemcpyAsync(in, h_in, size_t(3 * n + n * n + 1) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
-  return start;
+  if (want_logits)
+    for (int64_t i = all_logits ? 0 : n - 1; i < n; ++i) st.lrows.push_back(base + int32_t(i));
+  st.n += n;
+}
+
+void CudaTarget::Impl::upload(const Staged& st) {
+  const int64_t n = st.n, nt = int64_t(st.tables.size()), nv = int64_t(st.vis.size());
+  ensure_rows(n);
+  ensure_logits(std::max<int64_t>(1, int64_t(st.lrows.size())));
+  ensure_in(9 * n + nt + nv);
+  int32_t* p = h_in;
+  for (const std::vector<int32_t>* v : {&st.ids, &st.pos, &st.cnt, &st.start, &st.tab, &st.wrow, &st.base, &st.voff}) {
+    std::memcpy(p, v->data(), size_t(n) * 4);
+    p += n;
+  }
+  std::memcpy(p, st.lrows.data(), st.lrows.size() * 4);  // (n slots; the rest unused)
+  p += n;
+  std::memcpy(p, st.tables.data(), size_t(nt) * 4);
+  std::memcpy(p + nt, st.vis.data(), size_t(nv) * 4);
+  check(cudaMemcpyAsync(in, h_in, size_t(9 * n + nt + nv) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
+}
+
+int64_t CudaTarget::Impl::upload_inputs(const int32_t* ids_h, int64_t n, const int32_t* positions, const uint8_t* visibility,
+                                        bool all_logits, bool want_logits) {
+  if (paged) fail("this CUDA target serves the engine's paged KV (forward_batch); it has no single-sequence cache");
+  Staged st;
+  const int32_t table = 0;  // one block as long as the cache
+  stage_seq(st, ids_h, n, positions, visibility, size, &table, 1, all_logits, want_logits);
+  upload(st);
+  return size;
 }
 
 CudaTarget::~CudaTarget() = default;
@@ -271,8 +339,9 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, boo
   const std::vector<int32_t> tap_list = tap_layers ? *tap_layers : std::vector<int32_t>{};
   const int64_t bound = std::min(cap, cuda::mla_max_keys(cfg.kv_lora_rank, cfg.qk_rope_head_dim));
   constexpr size_t kMaxGraphs = 64;  // distinct shapes kept (tree sizes ≤ the budget + 1, plus decode)
-  if (graph_in != in) {
+  if (graph_gen != buf_gen || graph_in != in) {
     drop_graphs();
+    graph_gen = buf_gen;
     graph_in = in;
     graph_keys = bound;
   }
@@ -285,14 +354,14 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, boo
   // (attention's smem opt-in, a non-stream call) has happened before any capture.
   if (!hit || keys > bound) {  // (the launch path reports a key list beyond the kernel's limit)
     if (!hit && graph_cache.size() < kMaxGraphs) graph_cache.push_back(Graph{n, all_logits, want_logits, tap_list, taps_dev, nullptr});
-    run(n, keys, all_logits, want_logits, tap_layers, taps_dev);
+    run(n, 1, keys, want_logits ? (all_logits ? n : 1) : 0, tap_layers, taps_dev);
     return;
   }
   if (!hit->exec) {
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
-      run(n, bound, all_logits, want_logits, tap_layers, taps_dev);
+      run(n, 1, bound, want_logits ? (all_logits ? n : 1) : 0, tap_layers, taps_dev);
     } catch (...) {
       cudaStreamEndCapture(stream, &g);  // leave the stream usable
       if (g) cudaGraphDestroy(g);
@@ -319,7 +388,7 @@ const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device
   if (a.form == AttnForm::expanded)
     fail("the CUDA backend runs the absorbed MLA form only (it computes the same function); use --decode-attn absorbed");
   const int64_t n = a.n;
-  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility);
+  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility, a.all_logits, a.logits != nullptr);
   const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
   float* taps_dev = nullptr;
   if (n_taps && (a.taps || device_taps)) {
@@ -336,7 +405,7 @@ const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device
   if (m.graphs && (n == 1 || !a.commit))
     m.run_graphed(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
   else
-    m.run(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
+    m.run(n, 1, start + n, a.logits ? (a.all_logits ? n : 1) : 0, taps_dev ? a.tap_layers : nullptr, taps_dev);
   const int64_t rows = a.all_logits ? n : 1;
   if (a.logits)
     check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
@@ -358,13 +427,141 @@ void CudaTarget::compact(int64_t start, const std::vector<int32_t>& keep) {
   for (size_t k = 0; k < keep.size(); ++k)
     if (keep[k] < int32_t(k) || (k > 0 && keep[k] <= keep[k - 1]))
       fail("KV compaction: kept rows must increase (row ", keep[k], " at slot ", k, ")");
+  if (m.paged) fail("this CUDA target serves the engine's paged KV (move_rows); it has no single-sequence cache");
   if (nk && start + keep.back() >= m.cap) fail("KV compaction: row ", start + keep.back(), " is past the cache");
-  m.ensure_rows(nk);
-  check(cudaMemcpyAsync(m.keep, keep.data(), size_t(nk) * 4, cudaMemcpyHostToDevice, m.stream), "upload keep");
-  // No host sync: cudaMemcpyAsync from pageable memory returns once `keep` is staged, and the
-  // next forward queues behind the compaction on the same stream.
-  cuda::compact_rows(m.cache, m.cfg.num_hidden_layers, m.cap * m.D, m.D, start, m.keep, nk, m.stream);
+  std::vector<int32_t> src, dst;
+  for (int64_t k = 0; k < nk; ++k) src.push_back(int32_t(start + keep[size_t(k)])), dst.push_back(int32_t(start + k));
+  m.copy_rows(src, dst);
   m.size = start + nk;
+}
+
+void CudaTarget::Impl::copy_rows(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  const int64_t nk = int64_t(src.size());
+  if (nk == 0) return;
+  if (keep_cap < 2 * nk) {
+    check(cudaStreamSynchronize(stream), "copy_rows");
+    release(keep);
+    keep = static_cast<int32_t*>(alloc(size_t(2 * nk) * 4, "kept rows"));
+    keep_cap = 2 * nk;
+  }
+  std::vector<int32_t> both(src);
+  both.insert(both.end(), dst.begin(), dst.end());
+  // Synchronous from pageable memory; the next forward queues behind the copy on the same stream.
+  check(cudaMemcpyAsync(keep, both.data(), size_t(2 * nk) * 4, cudaMemcpyHostToDevice, stream), "upload kept rows");
+  cuda::compact_rows(cache, cfg.num_hidden_layers, cap * D, D, keep, keep + nk, nk, stream);
+}
+
+void CudaTarget::use_paged_kv(int64_t n_blocks, int64_t block_tokens) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (block_tokens < 1 || n_blocks < 1) fail("CUDA paged KV: ", n_blocks, " blocks of ", block_tokens, " rows");
+  const int64_t rows = n_blocks * block_tokens;
+  if (rows > (int64_t(1) << 31) - 1) fail("CUDA paged KV: ", rows, " rows exceed the 32-bit row index");
+  check(cudaStreamSynchronize(m.stream), "use_paged_kv");
+  m.drop_graphs();
+  m.release(m.cache);
+  m.cache = nullptr;
+  m.cache = static_cast<uint16_t*>(m.alloc(size_t(c.num_hidden_layers * rows * m.D) * 2, "the paged latent KV cache"));
+  m.cap = rows;
+  m.bt = block_tokens;
+  m.n_blocks = n_blocks;
+  m.size = 0;
+  m.paged = true;
+}
+
+void CudaTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (!m.paged) fail("forward_batch: call use_paged_kv first (this target holds one sequence's cache)");
+  if (seqs.empty()) return;
+  Impl::Staged st;
+  const std::vector<int32_t>* taps_of = nullptr;
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const SeqForward& f = seqs[sq];
+    const ForwardArgs& a = f.args;
+    if (a.form == AttnForm::expanded)
+      fail("the CUDA backend runs the absorbed MLA form only (it computes the same function)");
+    if (f.kv.block_tokens != m.bt || f.kv.blocks.empty())
+      fail("forward_batch: sequence ", sq, "'s KV view is not a block table of this target's ", m.bt, "-row blocks");
+    if (a.taps) {
+      if (!a.tap_layers || a.tap_layers->empty()) fail("forward_batch: taps asked without tap layers");
+      if (taps_of && *taps_of != *a.tap_layers) fail("forward_batch: sequences tap different layers");
+      taps_of = a.tap_layers;
+    }
+    m.stage_seq(st, a.ids, a.n, a.positions, a.visibility, f.start, f.kv.blocks.data(), int64_t(f.kv.blocks.size()),
+                a.all_logits, a.logits != nullptr);
+  }
+  const int64_t n = st.n, n_logits = int64_t(st.lrows.size());
+  if (st.max_keys > cuda::mla_max_keys(c.kv_lora_rank, c.qk_rope_head_dim))
+    fail("forward_batch: a row attends to ", st.max_keys, " keys, beyond the CUDA attention's limit of ",
+         cuda::mla_max_keys(c.kv_lora_rank, c.qk_rope_head_dim));
+  m.upload(st);
+  float* taps_dev = nullptr;
+  const int64_t n_taps = taps_of ? int64_t(taps_of->size()) : 0;
+  if (taps_of) {
+    for (int32_t t : *taps_of)
+      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
+    if (m.taps_cap < n * n_taps * c.hidden_size) {
+      check(cudaStreamSynchronize(m.stream), "taps");
+      m.release(m.taps);
+      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
+      m.taps_cap = n * n_taps * c.hidden_size;
+    }
+    taps_dev = m.taps;
+  }
+  m.run(n, int64_t(st.tables.size()), st.max_keys, n_logits, taps_of, taps_dev);
+  // Each sequence's logits are consecutive staged logit rows, its taps consecutive batch rows.
+  int64_t lrow = 0, row = 0;
+  for (const SeqForward& f : seqs) {
+    const ForwardArgs& a = f.args;
+    if (a.logits) {
+      const int64_t rows = a.all_logits ? a.n : 1;
+      check(cudaMemcpyAsync(a.logits, m.logits + lrow * c.vocab_size, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost,
+                            m.stream),
+            "download logits");
+      lrow += rows;
+    }
+    if (a.taps)
+      check(cudaMemcpyAsync(a.taps, taps_dev + row * n_taps * c.hidden_size, size_t(a.n * n_taps * c.hidden_size) * 4,
+                            cudaMemcpyDeviceToHost, m.stream),
+            "download taps");
+    row += a.n;
+  }
+  std::vector<int32_t> distinct(static_cast<size_t>(c.num_hidden_layers), 0);
+  if (stats)
+    check(cudaMemcpyAsync(distinct.data(), m.active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, m.stream), "download counts");
+  check(cudaStreamSynchronize(m.stream), "forward_batch");
+  if (stats) stats->weight_bytes += m.weight_bytes_of(n, &distinct, n_logits);
+}
+
+void CudaTarget::move_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) {
+  Impl& m = *impl_;
+  if (!m.paged) fail("move_rows: call use_paged_kv first");
+  if (kv.block_tokens != m.bt) fail("move_rows: the KV view's blocks are not this target's");
+  std::vector<int32_t> src, dst;
+  for (size_t k = 0; k < path.size(); ++k) {
+    if (path[k] < int32_t(k) || (k > 0 && path[k] <= path[k - 1]))
+      fail("KV compaction: kept rows must increase (row ", path[k], " at slot ", k, ")");
+    const int64_t from = start + path[k], to = start + int64_t(k);
+    if (from >= kv.capacity()) fail("KV compaction: row ", from, " is past the sequence's ", kv.capacity(), " rows");
+    if (from == to) continue;
+    auto phys = [&](int64_t t) { return int32_t(int64_t(kv.blocks[size_t(t / m.bt)]) * m.bt + t % m.bt); };
+    src.push_back(phys(from));
+    dst.push_back(phys(to));
+  }
+  m.copy_rows(src, dst);
+}
+
+int64_t CudaTarget::kv_bytes_per_token() const { return impl_->cfg.num_hidden_layers * impl_->D * 2; }
+
+int64_t CudaTarget::free_device_bytes() {
+  size_t free_b = 0, total = 0;
+  check(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo");
+  return int64_t(free_b);
+}
+
+int64_t CudaTarget::max_keys() const {
+  return std::min(impl_->cfg.max_position_embeddings, cuda::mla_max_keys(impl_->cfg.kv_lora_rank, impl_->cfg.qk_rope_head_dim));
 }
 
 // Weight bytes a forward over n rows streams (each matrix once; experts as counted per layer).
@@ -404,10 +601,10 @@ double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
   Impl& m = *impl_;
   m.size = 0;
   const int64_t n = int64_t(prompt.size());
-  m.upload_inputs(prompt.data(), n, nullptr, nullptr);
+  m.upload_inputs(prompt.data(), n, nullptr, nullptr, false, true);
   check(cudaStreamSynchronize(m.stream), "upload");
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, n, false, true, nullptr, nullptr);
+  m.run(n, 1, n, 1, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
   m.size = n;
@@ -415,9 +612,11 @@ double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
 }
 
 void CudaTarget::Impl::decode_step() {
-  int32_t* start = in + 4;  // n = 1: [id | position | key count | key row | start]
-  cuda::causal_setup(in + 1, in + 2, in + 3, start, 1, stream);
-  run(1, cap, false, true, nullptr, nullptr);
+  // n = 1: in = [id | position | cnt | start | tab | wrow | base | voff | logit row | table | vis];
+  // one contiguous block, so the new row's cache row is its position.
+  int32_t* start = in + 3;
+  cuda::single_step_setup(in + 1, in + 2, in + 5, start, stream);
+  run(1, 1, cap, 1, nullptr, nullptr);
   cuda::argmax_rows(logits, 1, cfg.vocab_size, in, stream);  // the next step's token, on the device
   cuda::advance(start, 1, stream);
 }
@@ -425,9 +624,8 @@ void CudaTarget::Impl::decode_step() {
 std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t steps, bool graph) {
   Impl& m = *impl_;
   if (m.size + steps > m.cap) fail("decode benchmark: ", m.size, " + ", steps, " rows exceed the cache (", m.cap, ")");
-  m.ensure_rows(1);
-  const int32_t init[5] = {first_token, 0, 0, 0, int32_t(m.size)};
-  check(cudaMemcpy(m.in, init, sizeof(init), cudaMemcpyHostToDevice), "upload token");
+  m.upload_inputs(&first_token, 1, nullptr, nullptr, false, true);
+  check(cudaStreamSynchronize(m.stream), "upload token");
   cudaGraph_t g = nullptr;
   cudaGraphExec_t exec = nullptr;
   if (graph) {
@@ -469,10 +667,10 @@ double CudaTarget::timed_verify_ms(const std::vector<int32_t>& ids, const std::v
   Impl& m = *impl_;
   const int64_t n = int64_t(ids.size());
   if (int64_t(positions.size()) != n || int64_t(visibility.size()) != n * n) fail("verify benchmark: inconsistent tree arrays");
-  const int64_t start = m.upload_inputs(ids.data(), n, positions.data(), visibility.data());
+  const int64_t start = m.upload_inputs(ids.data(), n, positions.data(), visibility.data(), true, true);
   check(cudaStreamSynchronize(m.stream), "upload");
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, start + n, true, true, nullptr, nullptr);
+  m.run(n, 1, start + n, n, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
   if (distinct) {

@@ -52,6 +52,23 @@ class CudaTarget {
   // DDTree compaction of the latent cache, as LatentCache::compact.
   void compact(int64_t start, const std::vector<int32_t>& keep);
 
+  // Serving (src/engine/): replaces the single-sequence cache by a pool of n_blocks blocks of
+  // block_tokens rows (bf16 [layers][n_blocks · block_tokens][latent]) that the engine lends
+  // through block tables (KvPool without host storage). Afterwards only forward_batch and
+  // move_rows run; forward / compact / the timed paths are refused.
+  void use_paged_kv(int64_t n_blocks, int64_t block_tokens);
+  // DeepseekV3::forward_batch's contract: every sequence's rows in one forward, each attending only
+  // to its own committed rows (its kv.blocks table) and its own new rows; logits and taps land in
+  // each sequence's host buffers. Row invariance makes a sequence's logits bit-identical to a
+  // single-sequence forward over the same rows. One host sync.
+  void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr);
+  // DDTree compaction in a sequence's blocks: rows start + path[k] → start + k (path ascending).
+  void move_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path);
+  // Latent KV bytes of one token over every layer (the engine sizes its pool with it).
+  int64_t kv_bytes_per_token() const;
+  static int64_t free_device_bytes();  // cudaMemGetInfo's free bytes
+  int64_t max_keys() const;  // longest key list one row may attend to (attention's shared-memory bound)
+
   // Benchmark paths: the same forward, timed with CUDA events, logits kept on the device.
   double timed_prefill_ms(const std::vector<int32_t>& prompt);  // resets, then one forward over the prompt
   // n greedy decode steps after the cache's contents, the argmax fed back on the device (no host

@@ -39,21 +39,35 @@ struct CudaTarget::Impl {
   float* final_norm = nullptr;
   float* inv_freq = nullptr;
   std::vector<DevLayer> layers;
-  uint16_t* cache = nullptr;  // bf16 [layers][cap][D]
-  int64_t cap = 0, size = 0, D = 0;
+  // Latent cache, bf16 [layers][cap][D], cap = n_blocks × bt rows a layer. A single sequence
+  // (forward / compact) uses it as one block (bt = cap) and commits `size` rows; the serving
+  // engine (forward_batch) lends blocks of bt rows through block tables (paged = true).
+  uint16_t* cache = nullptr;
+  int64_t cap = 0, size = 0, D = 0, bt = 0, n_blocks = 1;
+  bool paged = false;
   float rope_scaling = 1.0f, softmax_scale = 1.0f;
   cudaStream_t stream = nullptr;
   cudaStream_t side = nullptr;  // independent work of a layer (kv path, shared experts) runs here
   cudaEvent_t ev0 = nullptr, ev1 = nullptr, fork = nullptr, join = nullptr;
 
-  // Work buffers for up to rows_cap rows.
-  int64_t rows_cap = 0, taps_cap = 0;
+  // Work buffers for up to rows_cap rows (logits for logits_cap rows; `in` holds in_cap ints).
+  int64_t rows_cap = 0, taps_cap = 0, logits_cap = 0, in_cap = 0;
   float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
   float *qlat = nullptr, *olat = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
-  int32_t* in = nullptr;  // [ids n | positions n | key counts n | key rows n·n | start 1]
+  float* xg = nullptr;  // [rows, hidden]: the rows whose logits are asked for, gathered
+  // A forward's inputs, one upload: ids | positions | KeyLists (cnt | start | tab | wrow | base |
+  // voff) | logit rows, n each, then the block tables (nt) and the visible lists (Staged::pack).
+  int32_t* in = nullptr;
   int32_t *chosen = nullptr, *entry_token = nullptr, *entry_slot = nullptr, *n_active = nullptr;
   int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;
+  int64_t keep_cap = 0;
   int32_t* h_in = nullptr;  // pinned staging of `in`
+
+  // Host side of a forward's inputs, one sequence after another (stage_seq), then packed into `in`.
+  struct Staged {
+    int64_t n = 0, max_keys = 0;
+    std::vector<int32_t> ids, pos, cnt, start, tab, wrow, base, voff, lrows, tables, vis;
+  };
 
   // Forwards of a repeating shape — the one-row AR decode step, the DDTree verify of each tree
   // size — as captured CUDA graphs, replayed (the launch gaps of ≈ 20 kernels a layer go). All
@@ -63,7 +77,7 @@ struct CudaTarget::Impl {
   // captured at graph_keys (the cache's length, within the kernel's limit): it sizes the score
   // buffer only, the kernels read the real key counts from `in`, so a replay computes the launch
   // path's bits. Captured against the work buffers of the time: when ensure_rows reallocates them
-  // (graph_in != in) or the taps buffer moves, the graphs are recaptured.
+  // (graph_gen != buf_gen) or the taps buffer moves, the graphs are recaptured.
   struct Graph {
     int64_t n = 0;
     bool all_logits = false, want_logits = false;
@@ -74,21 +88,34 @@ struct CudaTarget::Impl {
   bool graphs = true;
   std::vector<Graph> graph_cache;
   const int32_t* graph_in = nullptr;
+  uint64_t buf_gen = 0, graph_gen = 0;  // bumped when a work buffer moves / the one graphs were captured at
   int64_t graph_keys = 0;
 
   ~Impl();
   void* alloc(size_t bytes, const char* what);
+  void release(void* p);  // frees one alloc() (the stream must be idle)
   void init_common(int64_t max_tokens);
   void ensure_rows(int64_t n);
-  int64_t upload_inputs(const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility);
-  // One forward over the n rows staged in `in`; max_keys bounds start + n (attention's smem).
-  void run(int64_t n, int64_t max_keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
+  void ensure_logits(int64_t rows);
+  void ensure_in(int64_t ints);
+  // Appends one sequence's rows: its committed rows `start`, its block table (cache rows
+  // table[b]·bt …), ids/positions/visibility as ForwardArgs, which rows' logits to return.
+  void stage_seq(Staged& st, const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility,
+                 int64_t start, const int32_t* table, int64_t n_table, bool all_logits, bool want_logits) const;
+  void upload(const Staged& st);  // packs st into `in` (one async copy on the stream)
+  int64_t upload_inputs(const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility,
+                        bool all_logits, bool want_logits);  // single sequence; returns its start
+  // One forward over the n rows staged in `in` with nt block-table entries; max_keys bounds every
+  // row's key count (attention's smem); n_logits rows (the staged logit rows) get logits.
+  void run(int64_t n, int64_t nt, int64_t max_keys, int64_t n_logits, const std::vector<int32_t>* tap_layers,
            float* taps_dev);
-  // run(n, keys, …) by replaying the graph of this shape (captured on first use); keys beyond
-  // graph_keys (or a full cache) fall back to launching.
+  // run(n, 1, keys, …) of a single sequence by replaying the graph of this shape (captured on
+  // first use); keys beyond graph_keys (or a full cache) fall back to launching.
   void run_graphed(int64_t n, int64_t keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
                    float* taps_dev);
   void drop_graphs();
+  // Cache rows src[k] → dst[k] of every layer, in k order (DDTree compaction; queued, no sync).
+  void copy_rows(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   void decode_step();  // n = 1, causal, inputs and start on the device; the argmax becomes the next id
   uint64_t weight_bytes_of(int64_t n, const std::vector<int32_t>* distinct, int64_t logit_rows) const;
   double elapsed_ms();

@@ -59,24 +59,39 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t 
 void rope_q(float* q, int64_t n, int64_t heads, int64_t head_dim, int64_t off, int64_t half, const float* inv_freq,
             const int32_t* positions, float attn_scaling, cudaStream_t s);
 
-// Latent cache write for n new rows: cache[*row0 + i] = bf16([RMSNorm(kv[i, :Lr]) | RoPE(kv[i, Lr:])]).
+// Where the keys of a forward's rows live in a paged latent cache (a single sequence is one block
+// as long as the cache). Row i belongs to one sequence; its key list is that sequence's committed
+// rows 0 … start[i] − 1 — row t at cache row tables[tab[i] + t / bt] · bt + t % bt — followed by the
+// new rows of its own sequence it may see, vis[voff[i] … voff[i] + cnt[i]) (indices among that
+// sequence's new rows, ascending: its tree ancestors and itself), whose latents sit at cache rows
+// wrow[base[i] + j]. All on the device, so a captured graph replays with new contents.
+struct KeyLists {
+  const int32_t* cnt = nullptr;     // [n] new rows visible to row i
+  const int32_t* start = nullptr;   // [n] committed rows of row i's sequence
+  const int32_t* tab = nullptr;     // [n] offset of its sequence's block table in `tables`
+  const int32_t* wrow = nullptr;    // [n] cache row the new row's latent is written to
+  const int32_t* base = nullptr;    // [n] batch index of its sequence's first new row
+  const int32_t* voff = nullptr;    // [n] offset of its visible list in `vis`
+  const int32_t* vis = nullptr;
+  const int32_t* tables = nullptr;
+  int64_t bt = 1;                   // rows per block
+};
+
+// Latent cache write for n new rows: cache[wrow[i]] = bf16([RMSNorm(kv[i, :Lr]) | RoPE(kv[i, Lr:])]).
 void latent_write(const float* kv, int64_t n, int64_t Lr, int64_t dr, const float* norm_w, double eps,
                   const float* inv_freq, const int32_t* positions, float attn_scaling, uint16_t* cache_layer,
-                  const int32_t* row0, cudaStream_t s);
+                  const int32_t* wrow, cudaStream_t s);
 
-// Absorbed MLA attention for n new rows over a bf16 latent cache [rows, Lr + dr]. Row i attends to
-// cache rows 0 … start−1, then the new rows vis_rows[i · n + 0 … vis_cnt[i]) (offsets from start,
-// ascending: its tree ancestors and itself) — the AR order of the same prefix.
+// Absorbed MLA attention for n new rows over a bf16 latent cache [rows, Lr + dr]; row i attends to
+// its key list (KeyLists) in list order — the AR order of the same prefix.
 struct MlaParams {
   const float* q = nullptr;           // [n, H, dn + dr], rope applied
   const uint16_t* kv_b = nullptr;     // bf16 [H × (dn + dv), Lr]: per head W_UK rows then W_UV rows
   const uint16_t* cache = nullptr;    // bf16 [capacity, Lr + dr] of this layer
-  const int32_t* vis_rows = nullptr;  // [n, n]
-  const int32_t* vis_cnt = nullptr;   // [n]
+  KeyLists keys;
   float* out = nullptr;               // [n, H × dv]
   float* qlat = nullptr, *olat = nullptr;  // work: [n, H, Lr] each
-  const int32_t* start = nullptr;     // [1] committed rows (on the device, so a captured graph replays)
-  int64_t max_keys = 0;               // bound on start + n (sizes the shared score buffer)
+  int64_t max_keys = 0;               // bound on every row's key count (sizes the shared score buffer)
   int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
 };
@@ -112,17 +127,20 @@ void moe_combine(float* x, const float* y, const float* w, const float* shared, 
 // out[i] = index of the largest of logits[i, 0 … V) (lowest index on ties); −1 if the row has a NaN.
 void argmax_rows(const float* logits, int64_t rows, int64_t V, int32_t* out, cudaStream_t s);
 
-// DDTree compaction: rows start + keep[k] → start + k of every layer, in k order (keep ascending,
-// keep[k] ≥ k, so no row is overwritten before it is read).
-void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, int64_t dim, int64_t start,
-                  const int32_t* keep, int64_t n_keep, cudaStream_t s);
+// DDTree compaction: cache rows src[k] → dst[k] of every layer, in k order (no row is
+// overwritten before it is read when, as for a kept path, dst[k] ≤ src[k] and both ascend).
+void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, int64_t dim, const int32_t* src,
+                  const int32_t* dst, int64_t n_keep, cudaStream_t s);
 
-// The causal key lists of n new rows after *start committed ones: positions *start + i, row i sees
-// new rows 0 … i (device-side, so a decode loop needs no host upload per step).
-void causal_setup(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, const int32_t* start, int64_t n, cudaStream_t s);
+// x rows rows[0 … n) → out [n, dim] (the rows whose logits a forward returns).
+void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t s);
+
+// A one-row causal step of a single contiguous sequence, set up on the device from its committed
+// length *start (so a decode loop needs no host upload per step): position, write row and key
+// count; advance() then moves *start on.
+void single_step_setup(int32_t* positions, int32_t* cnt, int32_t* wrow, const int32_t* start, cudaStream_t s);
 // *counter += by (a captured decode step advances its own start).
 void advance(int32_t* counter, int32_t by, cudaStream_t s);
-
 // Seeded uniform random fill (benchmarks): bf16 values in [−a, a); words with random bits.
 void fill_bf16(uint16_t* p, int64_t n, float a, uint64_t seed, cudaStream_t s);
 void fill_f32(float* p, int64_t n, float lo, float hi, uint64_t seed, cudaStream_t s);

@@ -59,12 +59,11 @@ __global__ void rope_q_kernel(float* q, int64_t n, int64_t heads, int64_t head_d
 
 __global__ void latent_write_kernel(const float* kv, int64_t Lr, int64_t dr, const float* norm_w, double eps,
                                     const float* inv_freq, const int32_t* positions, float scaling, uint16_t* cache,
-                                    const int32_t* row0_dev) {
-  const int64_t row0 = *row0_dev;
+                                    const int32_t* wrow) {
   __shared__ double sh[32];
   const int64_t i = blockIdx.x, D = Lr + dr;
   const float* x = kv + i * D;
-  uint16_t* out = cache + (row0 + i) * D;
+  uint16_t* out = cache + int64_t(wrow[i]) * D;
   double ss = 0;
   for (int64_t d = threadIdx.x; d < Lr; d += blockDim.x) ss += double(x[d]) * double(x[d]);
   ss = block_sum(ss, sh);
@@ -279,10 +278,10 @@ __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* out) {
   }
 }
 
-__global__ void compact_kernel(uint16_t* cache, int64_t layers, int64_t stride, int64_t dim, int64_t start, const int32_t* keep,
-                               int64_t n_keep) {
+__global__ void compact_kernel(uint16_t* cache, int64_t layers, int64_t stride, int64_t dim, const int32_t* src_rows,
+                               const int32_t* dst_rows, int64_t n_keep) {
   for (int64_t k = 0; k < n_keep; ++k) {
-    const int64_t src = start + keep[k], dst = start + k;
+    const int64_t src = src_rows[k], dst = dst_rows[k];
     if (src != dst)
       for (int64_t t = threadIdx.x; t < layers * dim; t += blockDim.x) {
         const int64_t l = t / dim, d = t % dim;
@@ -292,16 +291,16 @@ __global__ void compact_kernel(uint16_t* cache, int64_t layers, int64_t stride, 
   }
 }
 
-__global__ void causal_kernel(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, const int32_t* start_dev, int64_t n) {
-  const int64_t start = *start_dev;
-  for (int64_t t = threadIdx.x; t < n * n; t += blockDim.x) {
-    const int64_t i = t / n, j = t % n;
-    vis_rows[t] = int32_t(j);
-    if (j == 0) {
-      positions[i] = int32_t(start + i);
-      vis_cnt[i] = int32_t(i + 1);
-    }
-  }
+__global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
+  const float* src = x + int64_t(rows[blockIdx.x]) * dim;
+  float* dst = out + int64_t(blockIdx.x) * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
+}
+
+__global__ void single_step_kernel(int32_t* positions, int32_t* cnt, int32_t* wrow, const int32_t* start) {
+  positions[0] = *start;
+  wrow[0] = *start;
+  cnt[0] = 1;
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
@@ -358,8 +357,8 @@ void rope_q(float* q, int64_t n, int64_t heads, int64_t head_dim, int64_t off, i
 }
 
 void latent_write(const float* kv, int64_t n, int64_t Lr, int64_t dr, const float* norm_w, double eps, const float* inv_freq,
-                  const int32_t* positions, float attn_scaling, uint16_t* cache_layer, const int32_t* row0, cudaStream_t s) {
-  latent_write_kernel<<<unsigned(n), 256, 0, s>>>(kv, Lr, dr, norm_w, eps, inv_freq, positions, attn_scaling, cache_layer, row0);
+                  const int32_t* positions, float attn_scaling, uint16_t* cache_layer, const int32_t* wrow, cudaStream_t s) {
+  latent_write_kernel<<<unsigned(n), 256, 0, s>>>(kv, Lr, dr, norm_w, eps, inv_freq, positions, attn_scaling, cache_layer, wrow);
   check_launch("latent_write");
 }
 
@@ -388,15 +387,21 @@ void argmax_rows(const float* logits, int64_t rows, int64_t V, int32_t* out, cud
   check_launch("argmax");
 }
 
-void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, int64_t dim, int64_t start, const int32_t* keep,
-                  int64_t n_keep, cudaStream_t s) {
-  compact_kernel<<<1, 1024, 0, s>>>(cache, layers, layer_stride_elems, dim, start, keep, n_keep);
+void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, int64_t dim, const int32_t* src,
+                  const int32_t* dst, int64_t n_keep, cudaStream_t s) {
+  compact_kernel<<<1, 1024, 0, s>>>(cache, layers, layer_stride_elems, dim, src, dst, n_keep);
   check_launch("compact");
 }
 
-void causal_setup(int32_t* positions, int32_t* vis_cnt, int32_t* vis_rows, const int32_t* start, int64_t n, cudaStream_t s) {
-  causal_kernel<<<1, 256, 0, s>>>(positions, vis_cnt, vis_rows, start, n);
-  check_launch("causal_setup");
+void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t s) {
+  if (n <= 0) return;
+  gather_kernel<<<unsigned(n), 256, 0, s>>>(x, dim, rows, out);
+  check_launch("gather_rows");
+}
+
+void single_step_setup(int32_t* positions, int32_t* cnt, int32_t* wrow, const int32_t* start, cudaStream_t s) {
+  single_step_kernel<<<1, 1, 0, s>>>(positions, cnt, wrow, start);
+  check_launch("single_step_setup");
 }
 
 __global__ void advance_kernel(int32_t* c, int32_t by) { *c += by; }
