@@ -29,6 +29,12 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("-r,--repetitions", o.repetitions, "Repetitions; the median is reported")->check(CLI::Range(1, 1000));
   c->add_option("--device", o.device, "cpu (default) or cuda (GPU 0; prints the verify cost curve too)");
   c->add_flag("--json", o.json, "Print one JSON object");
+  c->add_option("--serve", o.serve,
+                 "With --device cuda: the serving engine's load test instead — for each concurrency C (e.g. 1,4,16,64), "
+                 "max(8, 2C) requests of -p prompt and -n new tokens submitted at once with --parallel C: tokens/s, TTFT "
+                 "and TPOT percentiles; then TTFT of a -p-token prompt without and with a prefix-cache hit")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
   c->add_flag("--verify-curve", o.verify_curve,
               "Also time one DDTree verify forward over N tree nodes, N = 1, 2, 4 … 64, after the prompt: cost(N)/cost(1)");
 }
@@ -66,7 +72,8 @@ double measure_read_bandwidth() {
 }  // namespace
 
 int cmd_bench(const BenchOptions& o) {
-  if (o.device == "cuda") return cmd_bench_cuda(o);
+  if (!o.serve.empty() && o.device != "cuda") fail("--serve: the engine load test runs with --device cuda (the CPU's is bench/serve_load.py)");
+  if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
   if (o.model.empty()) fail("bench needs -m DIR (or --device cuda --preset k2-slice)");

@@ -17,6 +17,10 @@
 #include "server/http_server.h"
 #include "spec/dflash_drafter.h"
 #include "tokenizer/tokenizer.h"
+#ifdef KDTREE_HAVE_CUDA
+#include "backend/cuda/cuda_dflash.h"
+#include "backend/cuda/cuda_engine_target.h"
+#endif
 
 namespace kd::cli {
 
@@ -60,7 +64,9 @@ void add_serve(CLI::App& app, ServeOptions& o) {
       ->check(CLI::Range(1, 4096));
   c->add_option("--threads-http", o.threads_http, "HTTP worker threads; each open request holds one (default: parallel + max-queue + 32, at least 64)")
       ->check(CLI::Range(1, 4096));
-  c->add_option("--device", o.device, "cpu (default) or cuda (not in this build)");
+  c->add_option("--device", o.device,
+                "cpu (default) or cuda: the target, its paged KV (sized to --kv-tokens or the free GPU memory) and a "
+                "DFlash drafter on GPU 0");
 }
 
 namespace {
@@ -76,8 +82,13 @@ sigset_t stop_signals() {
 }  // namespace
 
 int cmd_serve(const ServeOptions& o) {
-  if (o.device != "cpu")
-    fail("--device ", o.device, ": this build has only the CPU backend (the CUDA backend is a later issue); use --device cpu");
+  const bool cuda = o.device == "cuda";
+  if (o.device != "cpu" && !cuda) fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
+#ifndef KDTREE_HAVE_CUDA
+  if (cuda) fail("--device cuda: this build has no CUDA backend (configure with -DKDTREE_CUDA=ON where nvcc is installed)");
+#else
+  if (cuda && !cuda_device_available()) fail("--device cuda: ", cuda_device_name());
+#endif
   if (o.draft.rfind("synthetic:", 0) == 0)
     fail("--draft ", o.draft, ": a synthetic drafter must know each answer in advance, which a server cannot; "
                              "use a DFlash drafter directory (or `kdtree run --draft synthetic:...`)");
@@ -114,6 +125,10 @@ int cmd_serve(const ServeOptions& o) {
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Checkpoint> ckpt;
   std::unique_ptr<DeepseekV3> model;
+#ifdef KDTREE_HAVE_CUDA
+  std::unique_ptr<CudaTarget> gpu;
+#endif
+  std::unique_ptr<EngineTarget> target;
   std::unique_ptr<Engine> engine;
   std::thread loader([&] {
     try {
@@ -132,14 +147,30 @@ int cmd_serve(const ServeOptions& o) {
       eo.prefill_chunk = o.prefill_chunk;
       eo.max_queue = o.max_queue;
       eo.prefix_cache = !o.no_prefix_cache;
+#ifdef KDTREE_HAVE_CUDA
+      if (cuda) {
+        // A one-row cache to start with: the engine replaces it by its paged pool.
+        gpu = std::make_unique<CudaTarget>(*model, 1);
+        log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
+        target = cuda_engine_target(*gpu);
+      }
+#endif
+      if (!target) target = cpu_engine_target(*model);
       if (!o.draft.empty()) {
-        const DeepseekV3* target = model.get();
+        const DeepseekV3* md = model.get();
         const std::string dir = o.draft;
-        const int64_t ctx = eo.context;
-        auto probe = std::make_unique<DFlashAdapter>(dir, *target, ctx);  // fail now, not on the first request
+        const int64_t ctx = std::min(eo.context, target->max_context());
+        auto probe = std::make_unique<DFlashAdapter>(dir, *md, ctx);  // fail now, not on the first request
         eo.spec.chain = o.spec == "dflash";
         eo.spec.budget = o.budget > 0 ? o.budget : probe->block_size() - 1;
-        eo.make_drafter = [dir, target, ctx] { return std::make_unique<DFlashAdapter>(dir, *target, ctx); };
+        eo.make_drafter = [dir, md, ctx] { return std::make_unique<DFlashAdapter>(dir, *md, ctx); };
+#ifdef KDTREE_HAVE_CUDA
+        // On the GPU each sequence's drafter drafts there too (its context K/V on the device).
+        if (gpu) {
+          CudaTarget* g = gpu.get();
+          eo.make_drafter = [dir, g, ctx] { return std::make_unique<CudaDFlash>(dir, *g, ctx); };
+        }
+#endif
       }
       ServedModel sm;
       sm.name = o.alias.empty() ? std::filesystem::path(o.model).lexically_normal().filename().string() : o.alias;
@@ -147,13 +178,14 @@ int cmd_serve(const ServeOptions& o) {
       sm.tokenizer = tok.get();
       sm.chat_template = tok->kind() == "tiktoken" ? ChatTemplateKind::kimi : ChatTemplateKind::deepseek_v3;
       sm.vocab_size = int32_t(cfg.vocab_size);
-      sm.context = eo.context;
+      engine = std::make_unique<Engine>(*target, eo);
+      sm.context = engine->context();
       sm.eos_ids = cfg.eos_token_ids;
       sm.defaults = load_generation_defaults(o.model);
-      engine = std::make_unique<Engine>(*model, eo);
       server.set_ready(std::move(sm), *engine);
-      log_info("model '", o.model, "' ready in ", (now_s() - t0) * 1e3, " ms (", cfg.num_hidden_layers, " layers, context ",
-               eo.context, ", parallel ", eo.n_parallel, o.draft.empty() ? "" : ", DDTree drafter " + o.draft, ")");
+      log_info("model '", o.model, "' ready on ", target->device(), " in ", (now_s() - t0) * 1e3, " ms (",
+               cfg.num_hidden_layers, " layers, context ", engine->context(), ", parallel ", eo.n_parallel, ", KV pool ",
+               engine->kv_tokens(), " tokens", o.draft.empty() ? "" : ", DDTree drafter " + o.draft, ")");
       load_state = 1;
     } catch (const std::exception& e) {
       load_error = e.what();
@@ -179,6 +211,7 @@ int cmd_serve(const ServeOptions& o) {
   server.stop();
   http.join();
   engine.reset();  // after the server: no handler touches it any more
+  target.reset();
   return rc;
 }
 

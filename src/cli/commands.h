@@ -40,10 +40,12 @@ struct BenchOptions {
   std::string model, device = "cpu", preset;  // preset: k2-slice (random weights made on the GPU; --device cuda)
   int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
   bool json = false, verify_curve = false;
+  std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (--device cuda)
 };
 void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);
 int cmd_bench_cuda(const BenchOptions& o);  // cmd_bench_cuda.cpp (CUDA builds)
+int cmd_bench_serve_cuda(const BenchOptions& o);  // cmd_bench_serve.cpp: `bench --device cuda --serve …`
 
 struct TreeOptions {
   std::string logits;

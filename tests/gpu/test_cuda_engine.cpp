@@ -1,0 +1,290 @@
+// The serving engine on the GPU (Engine over cuda_engine_target): paged latent KV in the device
+// cache, every running sequence in one CudaTarget::forward_batch. Each request's tokens and logits
+// must be bit-identical to generate_ar_cuda on a single-sequence CudaTarget (and, with a drafter,
+// DDTree in the engine == AR): alone, in a batch of 16, with small prefill chunks mixed with decode
+// rows, small KV blocks, after prefix-cache hits — the row invariance of the CUDA kernels (a row's
+// reductions depend on its key list alone, whatever block the keys sit in) is what makes it hold.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_dflash.h"
+#include "backend/cuda/cuda_engine_target.h"
+#include "backend/cuda/cuda_generate.h"
+#include "backend/cuda/cuda_target.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "io/checkpoint.h"
+#include "model/deepseek_v3.h"
+#include "model/make_drafter.h"
+
+#define REQUIRE_GPU() \
+  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
+
+namespace kd {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixture(const std::string& name) {
+  const char* env = std::getenv("KDTREE_FIXTURES");
+  return std::string(env ? env : KDTREE_FIXTURES) + "/" + name;
+}
+
+struct Loaded {
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<DeepseekV3> model;
+};
+const DeepseekV3& model_of(const std::string& fx) {
+  static std::map<std::string, Loaded> cache;
+  Loaded& l = cache[fx];
+  if (!l.model) {
+    l.ckpt = std::make_unique<Checkpoint>(fixture(fx));
+    l.model = std::make_unique<DeepseekV3>(*l.ckpt);
+  }
+  return *l.model;
+}
+
+struct Got {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+  std::string finish_reason, error;
+  RequestStats stats;
+  int n_done = 0;
+};
+
+class Sink {
+ public:
+  std::function<bool(const EngineEvent&)> callback(size_t k) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (got_.size() <= k) got_.resize(k + 1);
+    }
+    return [this, k](const EngineEvent& ev) {
+      std::lock_guard<std::mutex> lk(mu_);
+      Got& g = got_[k];
+      g.ids.insert(g.ids.end(), ev.ids.begin(), ev.ids.end());
+      g.logits.insert(g.logits.end(), ev.logits.begin(), ev.logits.end());
+      if (ev.done) {
+        ++g.n_done;
+        g.finish_reason = ev.finish_reason;
+        g.error = ev.error;
+        g.stats = ev.stats;
+        ++done_;
+        cv_.notify_all();
+      }
+      return true;
+    };
+  }
+  void wait_done(size_t n) {
+    std::unique_lock<std::mutex> lk(mu_);
+    ASSERT_TRUE(cv_.wait_for(lk, std::chrono::seconds(300), [&] { return done_ >= n; })) << "timed out: " << done_ << "/" << n;
+  }
+  Got get(size_t k) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return got_[k];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Got> got_;
+  size_t done_ = 0;
+};
+
+struct Case {
+  std::vector<int32_t> prompt;
+  GenerateOptions gen;
+};
+
+std::vector<int32_t> prompt_of(const ModelConfig& c, int64_t n, int k) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t((i * 37 + 11 + k * 101) % c.vocab_size);
+  return p;
+}
+
+// 16 requests: prompts of 3 … 31 tokens, 6 … 14 new tokens, greedy and sampled (seeded) mixed.
+std::vector<Case> cases_for(const ModelConfig& c, int n) {
+  std::vector<Case> cs;
+  for (int k = 0; k < n; ++k) {
+    Case x;
+    x.prompt = prompt_of(c, 3 + (k * 7) % 29, k);
+    x.gen.max_new_tokens = 6 + k % 9;
+    x.gen.ignore_eos = true;
+    x.gen.keep_logits = true;
+    if (k % 3 != 0) {
+      x.gen.sampling.temperature = 0.7f + 0.1f * float(k % 4);
+      x.gen.sampling.top_k = k % 2 ? 0 : 20;
+      x.gen.sampling.seed = uint64_t(1000 + k);
+    }
+    cs.push_back(x);
+  }
+  return cs;
+}
+
+// generate_ar_cuda on its own single-sequence target: the reference every engine output must equal.
+std::vector<GenerateResult> reference(const DeepseekV3& m, const std::vector<Case>& cases) {
+  CudaTarget single(m, 256);
+  std::vector<GenerateResult> out;
+  for (const Case& c : cases) out.push_back(generate_ar_cuda(single, c.prompt, c.gen));
+  return out;
+}
+
+void expect_equal(const Got& got, const GenerateResult& ar, const std::string& what) {
+  ASSERT_EQ(got.n_done, 1) << what << " " << got.error;
+  ASSERT_EQ(got.ids, ar.output_ids) << what << " " << got.error;
+  EXPECT_EQ(got.finish_reason, ar.finish_reason) << what;
+  ASSERT_EQ(got.logits.size(), ar.logits.size()) << what;
+  for (size_t i = 0; i < ar.logits.size(); ++i) ASSERT_EQ(got.logits[i], ar.logits[i]) << what << " logit " << i;
+}
+
+// Runs the cases through one engine on a fresh paged CUDA target; returns what each request got.
+std::vector<Got> run_engine(const DeepseekV3& m, const EngineOptions& opt, const std::vector<Case>& cases, int rounds = 1,
+                            EngineMetrics* metrics = nullptr) {
+  CudaTarget gpu(m, 1);
+  std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+  Sink sink;
+  std::vector<Got> out;
+  {
+    Engine eng(*t, opt);
+    size_t k = 0;
+    for (int r = 0; r < rounds; ++r) {  // later rounds repeat the prompts: prefix-cache hits
+      for (const Case& c : cases) {
+        EngineRequest q;
+        q.prompt = c.prompt;
+        q.gen = c.gen;
+        q.on_event = sink.callback(k++);
+        eng.submit(std::move(q));
+      }
+      sink.wait_done(k);
+    }
+    if (metrics) *metrics = eng.metrics();
+  }
+  for (size_t i = 0; i < cases.size() * size_t(rounds); ++i) out.push_back(sink.get(i));
+  return out;
+}
+
+TEST(CudaEngine, AloneAndBatchOf16ChunkedAndPagedEqualGenerateARBitwise) {
+  REQUIRE_GPU();
+  for (const char* fx : {"k2-bf16", "k2-int4", "dsv3-group"}) {
+    const DeepseekV3& m = model_of(fx);
+    const std::vector<Case> cases = cases_for(m.config(), 16);
+    const std::vector<GenerateResult> ref = reference(m, cases);
+    struct Shape {
+      const char* name;
+      int64_t parallel, chunk, block;
+    };
+    for (const Shape& s : {Shape{"alone", 1, 256, 16}, Shape{"batch 16", 16, 256, 16}, Shape{"batch 16, chunks of 5, blocks of 4", 16, 5, 4},
+                           Shape{"batch 5, chunks of 1, blocks of 1", 5, 1, 1}}) {
+      EngineOptions opt;
+      opt.n_parallel = s.parallel;
+      opt.context = 256;
+      opt.prefill_chunk = s.chunk;
+      opt.kv_block = s.block;
+      const std::vector<Got> got = run_engine(m, opt, cases);
+      for (size_t k = 0; k < cases.size(); ++k) expect_equal(got[k], ref[k], cat(fx, " ", s.name, " request ", k));
+    }
+  }
+}
+
+TEST(CudaEngine, PrefixCacheHitsKeepOutputsBitwise) {
+  REQUIRE_GPU();
+  const DeepseekV3& m = model_of("k2-int4");
+  std::vector<Case> cases = cases_for(m.config(), 8);
+  for (size_t k = 0; k < cases.size(); ++k) cases[k].prompt = prompt_of(m.config(), 40 + int64_t(k), 3);  // shared 40-token prefix
+  const std::vector<GenerateResult> ref = reference(m, cases);
+  EngineOptions opt;
+  opt.n_parallel = 4;
+  opt.context = 256;
+  opt.kv_block = 8;
+  opt.kv_tokens = 4 * 128;  // small: later requests evict earlier cached blocks
+  EngineMetrics mt;
+  const std::vector<Got> got = run_engine(m, opt, cases, 2, &mt);
+  for (size_t k = 0; k < got.size(); ++k) expect_equal(got[k], ref[k % cases.size()], cat("request ", k));
+  EXPECT_GT(mt.prefix_hit_tokens, 0u) << "the repeated prompts must hit the prefix cache";
+  EXPECT_EQ(mt.kv_blocks_used, 0) << "every block is released when the requests finish";
+  int64_t cached = 0;
+  for (const Got& g : got) cached += g.stats.n_cached;
+  EXPECT_GT(cached, 0);
+}
+
+// A random DFlash drafter (make-model --drafter-for) drafting on the GPU for each sequence; every
+// sequence's tree verified in one batched forward: output == AR bit for bit (tokens and logits).
+TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
+  REQUIRE_GPU();
+  const DeepseekV3& m = model_of("k2-bf16");
+  const fs::path dir = fs::temp_directory_path() / cat("kdtree-gpu-engine-drafter-", getpid());
+  if (!fs::exists(dir / "config.json")) make_drafter(fixture("k2-bf16"), dir.string(), 7, 1, 6, /*force=*/true);
+  std::vector<Case> cases = cases_for(m.config(), 6);
+  for (Case& c : cases) c.gen.max_new_tokens = 20;
+  const std::vector<GenerateResult> ref = reference(m, cases);
+  for (bool chain : {false, true}) {
+    CudaTarget gpu(m, 1);
+    std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+    EngineOptions opt;
+    opt.n_parallel = 6;
+    opt.context = 256;
+    opt.prefill_chunk = 8;
+    opt.kv_block = 4;
+    opt.spec.chain = chain;
+    opt.spec.budget = 5;
+    const std::string d = dir.string();
+    opt.make_drafter = [&gpu, d] { return std::make_unique<CudaDFlash>(d, gpu, 256); };
+    Sink sink;
+    EngineMetrics mt;
+    {
+      Engine eng(*t, opt);
+      for (size_t k = 0; k < cases.size(); ++k) {
+        EngineRequest q;
+        q.prompt = cases[k].prompt;
+        q.gen = cases[k].gen;
+        q.on_event = sink.callback(k);
+        eng.submit(std::move(q));
+      }
+      sink.wait_done(cases.size());
+      mt = eng.metrics();
+    }
+    EXPECT_GT(mt.spec_rounds, 0u);
+    EXPECT_EQ(mt.kv_blocks_used, 0);
+    for (size_t k = 0; k < cases.size(); ++k) expect_equal(sink.get(k), ref[k], cat(chain ? "chain" : "tree", " request ", k));
+  }
+}
+
+TEST(CudaEngine, RefusesWhatTheDeviceCannotDo) {
+  REQUIRE_GPU();
+  const DeepseekV3& m = model_of("k2-bf16");
+  CudaTarget gpu(m, 1);
+  std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+  EngineOptions opt;
+  opt.context = 64;
+  Engine eng(*t, opt);
+  EngineRequest q;
+  q.prompt = prompt_of(m.config(), 5, 0);
+  q.gen.decode_form = AttnForm::expanded;
+  q.on_event = [](const EngineEvent&) { return true; };
+  try {
+    eng.submit(std::move(q));
+    FAIL() << "the expanded form must be refused on the GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("absorbed"), std::string::npos) << e.what();
+  }
+  // Single-sequence calls on a target that serves the engine are refused, not mixed into its pool.
+  ForwardArgs a;
+  const int32_t id = 1;
+  a.ids = &id;
+  a.n = 1;
+  EXPECT_THROW(gpu.forward(a), Error);
+}
+
+}  // namespace
+}  // namespace kd
