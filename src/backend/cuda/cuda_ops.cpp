@@ -50,16 +50,19 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
 void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t>& cache, const std::vector<uint16_t>& kv_b,
                    const std::vector<int32_t>& vis_rows, const std::vector<int32_t>& vis_cnt, float* out) {
   Buf dq(q, size_t(s.n * s.H * (s.dn + s.dr)) * 4), dc(cache.data(), cache.size() * 2), dk(kv_b.data(), kv_b.size() * 2);
-  // One contiguous sequence: a single block as long as the cache, new rows written after `start`.
+  // One contiguous sequence: a single block as long as the cache; key offset j past `start` is
+  // cache row start + j (the lists may name offsets beyond n: rows of a larger tree in the cache).
   const int64_t n = s.n;
-  std::vector<int32_t> lists;  // cnt | start | tab | wrow | base | voff | tables | vis
+  int64_t nw = n;
+  for (int32_t v : vis_rows) nw = std::max<int64_t>(nw, int64_t(v) + 1);
+  std::vector<int32_t> lists;  // cnt | start | tab | base | voff | tables (1) | wrow (nw) | vis
   for (int64_t i = 0; i < n; ++i) lists.push_back(vis_cnt[size_t(i)]);
   for (int64_t i = 0; i < n; ++i) lists.push_back(int32_t(s.start));
   for (int64_t i = 0; i < n; ++i) lists.push_back(0);
-  for (int64_t i = 0; i < n; ++i) lists.push_back(int32_t(s.start + i));
   for (int64_t i = 0; i < n; ++i) lists.push_back(0);
   for (int64_t i = 0; i < n; ++i) lists.push_back(int32_t(i * n));
   lists.push_back(0);
+  for (int64_t j = 0; j < nw; ++j) lists.push_back(int32_t(s.start + j));
   lists.insert(lists.end(), vis_rows.begin(), vis_rows.end());
   Buf dl(lists.data(), lists.size() * 4), dout(size_t(s.n * s.H * s.dv) * 4);
   Buf dql(size_t(s.n * s.H * s.Lr) * 4), dol(size_t(s.n * s.H * s.Lr) * 4);
@@ -68,8 +71,8 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.q = dq.as<float>();
   p.kv_b = dk.as<uint16_t>();
   p.cache = dc.as<uint16_t>();
-  p.keys = cuda::KeyLists{L, L + n, L + 2 * n, L + 3 * n, L + 4 * n, L + 5 * n, L + 6 * n + 1, L + 6 * n,
-                          std::max<int64_t>(1, int64_t(cache.size()) / (s.Lr + s.dr))};
+  p.keys = cuda::KeyLists{L,         L + n,          L + 2 * n, L + 5 * n + 1, L + 3 * n, L + 4 * n, L + 5 * n + 1 + nw,
+                          L + 5 * n, std::max<int64_t>(1, int64_t(cache.size()) / (s.Lr + s.dr))};
   p.out = dout.as<float>();
   p.qlat = dql.as<float>();
   p.olat = dol.as<float>();
