@@ -46,6 +46,18 @@ struct ExpertBatch {
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
+// Tensor-core path of linear() for bf16 matrices of ≥ kMmaMinRows rows (mma.cu): fp32 x split
+// exactly into three bf16 parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical
+// whatever M (it serves M = 1 too). Process-wide, off unless set_mma(true) or KDTREE_CUDA_MMA=1
+// (read once); switch it before a forward is captured into a CUDA graph. linear() calls
+// linear_mma() first, which returns false when the path is off or the matrix is not eligible.
+constexpr int64_t kMmaMinRows = 1024;
+void set_mma(bool on);
+bool mma_enabled();
+bool mma_eligible(const DevMatrix& w);
+bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
+                cudaStream_t s);
+
 // out[i, d] = table[ids[i], d] as fp32 (bf16 table [vocab, dim]).
 void embed(const uint16_t* table, int64_t dim, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
 

@@ -1,0 +1,252 @@
+// Tensor-core path of cuda::linear for bf16 weights (mma.sync m16n8k16, bf16 × bf16 → fp32), for
+// every M including 1 once switched on (set_mma / KDTREE_CUDA_MMA), so a row's bits never depend
+// on the batch (DESIGN.md §2).
+//
+// Orientation: the MMA's 16 "rows" are 16 weight rows (outputs), its 8 "columns" are 8 token rows,
+// D[16 × 8] = W[16 × k16] · xᵀ[k16 × 8]. The k16 step's 16 positions are a fixed permutation of the
+// physical columns, the same for A and B, so each lane fills its fragments with 16-byte loads:
+// lane (g = lane / 4, t = lane % 4) loads W[row g | g + 8][k0 + 8t … k0 + 8t + 7] and the same
+// 8 columns of token g's fp32 x — one k32 block is 2 MMA steps (s = 0, 1); step s's logical
+// columns 2t, 2t+1 | 2t+8, 2t+9 are the physical columns k0 + 8t + 4s + 0, 1 | 2, 3.
+//
+// Precision: x stays fp32. Each x is split exactly as hi + mid + lo, three bf16 (bit truncation:
+// hi = top 16 bits of x, mid = top 16 bits of x − hi, lo = the rest, which has ≤ 8 significant bits;
+// exact for |x| ≥ 2^-103), and every k16 step runs three MMAs (lo, mid, hi into one fresh fp32
+// fragment; the bf16 products are exact in the tensor core). That fragment is then added to the fp32
+// accumulator with one IEEE add (__fadd_rn): the tensor core's own (truncating) accumulation only
+// ever spans 48 products of one k16 step, so its error stays at the size of that step's partial sum,
+// not of the running total. Two parts (16 bits of x) would round x at 2^-17, about the whole error
+// budget of a plain fp32 dot at K = 7168; the op-parity test (tests/gpu/test_cuda_mma.cpp) checks
+// the three-part version against fp64 and a plain fp32 loop.
+//
+// Row invariance: the reduction order of an output is fixed by K and the matrix shape alone — warp
+// w of a block (KS warps, KS a rule of the row count) takes k32 blocks w, w + KS, …; each k16 step's
+// three MMAs start from zero and are added to the warp's accumulator in k order; the KS partials are
+// added in warp order through shared memory. The token tile (8 · NT rows), the weight rows a block
+// owns (16 · RT), the unroll depth and which block runs a tile only choose who computes an output,
+// never how: an MMA output element depends only on its own row of A, column of B and accumulator.
+// Inputs with Inf give NaN here (x − hi is Inf − Inf); the CUDA-core path may give ±Inf.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+namespace kd::cuda {
+
+namespace {
+
+// Two fp32 → their exact three-part bf16 split, each part packed as bf16x2 (a in the low half).
+struct Split3 {
+  uint32_t hi, mid, lo;
+};
+__device__ __forceinline__ Split3 split3(float a, float b) {
+  const uint32_t ua = __float_as_uint(a), ub = __float_as_uint(b);
+  const float ra = __fsub_rn(a, __uint_as_float(ua & 0xffff0000u));  // exact: the low 16 bits of a
+  const float rb = __fsub_rn(b, __uint_as_float(ub & 0xffff0000u));
+  const uint32_t va = __float_as_uint(ra), vb = __float_as_uint(rb);
+  const float la = __fsub_rn(ra, __uint_as_float(va & 0xffff0000u));  // exact, ≤ 8 significant bits
+  const float lb = __fsub_rn(rb, __uint_as_float(vb & 0xffff0000u));
+  Split3 s;
+  // __byte_perm(x, y, 0x7632): low half = x's top 16 bits, high half = y's top 16 bits.
+  s.hi = __byte_perm(ua, ub, 0x7632);
+  s.mid = __byte_perm(va, vb, 0x7632);
+  s.lo = __byte_perm(__float_as_uint(la), __float_as_uint(lb), 0x7632);
+  return s;
+}
+
+// d += A · B for one m16n8k16 tile (bf16 inputs, fp32 accumulator), PTX fragment layouts.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// grid (ceil(M / (8·NT)), ceil(rows / (16·RT))) when m_fast (a row group's token tiles are
+// neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
+// K-slice of the same 16·RT weight rows × 8·NT tokens. U: k32 blocks whose weight loads are issued
+// together (bytes in flight per warp).
+template <int RT, int NT, int KS, int U>
+__global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
+                                                           int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
+  constexpr int ROWS = 16 * RT, TOK = 8 * NT, LDP = ROWS + 4;  // +4: conflict-free fragment stores
+  __shared__ float part[KS][TOK][LDP];                          // per warp: [token][weight row]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
+  const int64_t row0 = bx * ROWS, m0 = by * TOK;
+  const int mcount = int(M - m0 < TOK ? M - m0 : int64_t(TOK));
+  const int64_t K = w.cols, nkb = (K + 31) / 32;
+
+  const uint16_t* wr[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped)
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      wr[rt][h] = static_cast<const uint16_t*>(w.w) + min(row0 + rt * 16 + g + 8 * h, w.rows - 1) * K;
+  const float* xr[NT];  // token g of each 8-token tile; null past the batch (its B column is zero)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
+
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+
+  for (int64_t kb0 = warp; kb0 < nkb; kb0 += int64_t(U) * KS) {
+    uint4 wv[U][RT][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = (kb0 + int64_t(u) * KS) * 32 + 8 * t;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          wv[u][rt][h] = k < K ? __ldg(reinterpret_cast<const uint4*>(wr[rt][h] + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kb = kb0 + int64_t(u) * KS;
+      if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
+      const int64_t k = kb * 32 + 8 * t;
+      // B fragments: [tile][step][part: hi, mid, lo][register: columns 2t, 2t+1 | 2t+8, 2t+9].
+      uint32_t bf[NT][2][3][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+        if (xr[nt] != nullptr && k < K) {
+          const float4* p = reinterpret_cast<const float4*>(xr[nt] + k);
+          x0 = p[0];
+          x1 = p[1];
+        }
+        const Split3 s00 = split3(x0.x, x0.y), s01 = split3(x0.z, x0.w);
+        const Split3 s10 = split3(x1.x, x1.y), s11 = split3(x1.z, x1.w);
+        bf[nt][0][0][0] = s00.hi, bf[nt][0][1][0] = s00.mid, bf[nt][0][2][0] = s00.lo;
+        bf[nt][0][0][1] = s01.hi, bf[nt][0][1][1] = s01.mid, bf[nt][0][2][1] = s01.lo;
+        bf[nt][1][0][0] = s10.hi, bf[nt][1][1][0] = s10.mid, bf[nt][1][2][0] = s10.lo;
+        bf[nt][1][0][1] = s11.hi, bf[nt][1][1][1] = s11.mid, bf[nt][1][2][1] = s11.lo;
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
+          const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
+          const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_bf16(d, a, bf[nt][s][2][0], bf[nt][s][2][1]);  // lo, mid, hi: small parts first
+            mma_bf16(d, a, bf[nt][s][1][0], bf[nt][s][1][1]);
+            mma_bf16(d, a, bf[nt][s][0][0], bf[nt][s][0][1]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+          }
+        }
+    }
+  }
+
+  // D fragment: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2.
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][nt * 8 + 2 * t + (i & 1)][rt * 16 + g + 8 * (i >> 1)] = acc[rt][nt][i];
+  __syncthreads();
+
+  auto total = [&](int tok, int r) {  // the KS partials in warp order
+    float v = part[0][tok][r];
+#pragma unroll
+    for (int k = 1; k < KS; ++k) v = __fadd_rn(v, part[k][tok][r]);
+    return v;
+  };
+  if (ep == int(Epilogue::swiglu)) {
+    for (int e = threadIdx.x; e < TOK * (ROWS / 2); e += KS * 32) {
+      const int tok = e / (ROWS / 2), j = e % (ROWS / 2);
+      if (tok >= mcount || row0 + 2 * j + 1 >= w.rows) continue;
+      const float gv = total(tok, 2 * j), uv = total(tok, 2 * j + 1);
+      y[(m0 + tok) * ldy + (row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
+    }
+  } else {
+    for (int e = threadIdx.x; e < TOK * ROWS; e += KS * 32) {
+      const int tok = e / ROWS, r = e % ROWS;
+      if (tok >= mcount || row0 + r >= w.rows) continue;
+      float* out = y + (m0 + tok) * ldy + row0 + r;
+      const float v = total(tok, r);
+      *out = ep == int(Epilogue::add) ? __fadd_rn(*out, v) : v;
+    }
+  }
+}
+
+template <int RT, int NT, int KS, int U>
+void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  const unsigned gx = unsigned((w.rows + 16 * RT - 1) / (16 * RT)), gm = unsigned((M + 8 * NT - 1) / (8 * NT));
+  const bool m_fast = gm > 1 && gx <= 65535u;
+  const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
+  mma_linear_kernel<RT, NT, KS, U><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+}
+
+// The K split (warps a block) by shape: 4 for matrices of ≥ 4096 rows (enough blocks to fill 132
+// SMs), 8 below. Token tiles of 8 / 16 / 24 / 32 rows by M; 32 weight rows a block for wide tiles
+// of tall matrices (each x load then serves twice the weights), else 16; deeper weight-load batches
+// where the fragments leave registers for them. None of these changes a row's arithmetic.
+template <int KS>
+void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  constexpr int RTW = KS == 4 ? 2 : 1;
+  if (M <= 8)
+    launch<1, 1, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+  else if (M <= 16)
+    launch<RTW, 2, KS, 2>(w, x, ldx, M, y, ldy, ep, s);
+  else if (M <= 24)
+    launch<RTW, 3, KS, 2>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    launch<RTW, 4, KS, 2>(w, x, ldx, M, y, ldy, ep, s);
+}
+
+// KDTREE_CUDA_MMA, read once: unset or "0" → off, "1" → on; anything else is an error.
+int mma_from_env() {
+  const char* e = std::getenv("KDTREE_CUDA_MMA");
+  if (e == nullptr || std::strcmp(e, "0") == 0 || *e == '\0') return 0;
+  if (std::strcmp(e, "1") == 0) return 1;
+  fail("KDTREE_CUDA_MMA must be 0 or 1, not '", std::string(e), "'");
+}
+
+std::atomic<int> g_mma_override{-1};  // -1: follow the environment
+
+}  // namespace
+
+void set_mma(bool on) { g_mma_override.store(on ? 1 : 0); }
+
+bool mma_enabled() {
+  const int o = g_mma_override.load();
+  if (o >= 0) return o == 1;
+  static const int from_env = mma_from_env();
+  return from_env == 1;
+}
+
+bool mma_eligible(const DevMatrix& w) { return !w.int4 && w.rows >= kMmaMinRows && w.cols % 8 == 0; }
+
+bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
+                cudaStream_t s) {
+  if (!mma_enabled() || !mma_eligible(w)) return false;
+  if (M <= 0) return true;
+  if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
+  if (w.rows >= 4096)
+    dispatch_m<4>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    dispatch_m<8>(w, x, ldx, M, y, ldy, ep, s);
+  check_launch("linear (MMA)");
+  return true;
+}
+
+}  // namespace kd::cuda
