@@ -16,7 +16,8 @@
 // accumulator with one IEEE add (__fadd_rn): the tensor core's own (truncating) accumulation only
 // ever spans 48 products of one k16 step, so its error stays at the size of that step's partial sum,
 // not of the running total. Two parts (16 bits of x) would round x at 2^-17, about the whole error
-// budget of a plain fp32 dot at K = 7168; the op-parity test (tests/gpu/test_cuda_mma.cpp) checks
+// budget of a plain fp32 dot at K = 7168 (bench/mma_model.py: ≈ 1e-5 vs 1.6e-6 plain, three parts ≈ 2e-7
+// under a truncating tensor-core model); the op-parity test (tests/gpu/test_cuda_mma.cpp) checks
 // the three-part version against fp64 and a plain fp32 loop.
 //
 // Row invariance: the reduction order of an output is fixed by K and the matrix shape alone — warp
@@ -197,19 +198,20 @@ void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y
 
 // The K split (warps a block) by shape: 4 for matrices of ≥ 4096 rows (enough blocks to fill 132
 // SMs), 8 below. Token tiles of 8 / 16 / 24 / 32 rows by M; 32 weight rows a block for wide tiles
-// of tall matrices (each x load then serves twice the weights), else 16; deeper weight-load batches
-// where the fragments leave registers for them. None of these changes a row's arithmetic.
+// of tall matrices (each x load and split then serves twice the weights: x comes from L2 once per
+// row tile), else 16. Four k32 blocks' weight loads in flight a warp (4–8 KB; ptxas: 71–177
+// registers, no spills). None of these changes a row's arithmetic.
 template <int KS>
 void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   constexpr int RTW = KS == 4 ? 2 : 1;
   if (M <= 8)
     launch<1, 1, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 16)
-    launch<RTW, 2, KS, 2>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 2, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 24)
-    launch<RTW, 3, KS, 2>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 3, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
   else
-    launch<RTW, 4, KS, 2>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 4, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
 }
 
 // KDTREE_CUDA_MMA, read once: unset or "0" → off, "1" → on; anything else is an error.
