@@ -68,94 +68,157 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// grid (ceil(M / (8·NT)), ceil(rows / (16·RT))) when m_fast (a row group's token tiles are
-// neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
-// K-slice of the same 16·RT weight rows × 8·NT tokens. U: k32 blocks whose weight loads are issued
-// together (bytes in flight per warp).
-template <int RT, int NT, int KS, int U>
-__global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
-                                                           int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
-  constexpr int ROWS = 16 * RT, TOK = 8 * NT, LDP = ROWS + 4;  // +4: conflict-free fragment stores
-  __shared__ float part[KS][TOK][LDP];                          // per warp: [token][weight row]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
-  const int64_t row0 = bx * ROWS, m0 = by * TOK;
-  const int mcount = int(M - m0 < TOK ? M - m0 : int64_t(TOK));
-  const int64_t K = w.cols, nkb = (K + 31) / 32;
+// INT4 nibbles → the A operand: bf16x2 (e_j − 8, e_{j+4} − 8) of an 8-nibble word (LSB first), exact:
+// 0x4300 | n is the bf16 128 + n, and (128 + n) · 1 − 136 is an integer in [−8, 7].
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t q, int j) {
+  const uint32_t v = ((q >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3f803f80u), "r"(0xc308c308u));
+  return r;
+}
 
-  const uint16_t* wr[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped)
+// One warp's share of a 16·RT (weight rows) × 8·NT (tokens) tile: acc[rt][nt][i] (D fragment
+// layout: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2) over the warp's
+// K-slice, in a fixed order. xr[nt]: token g of tile nt, null past the batch (its B column is zero).
+// bf16: k32 blocks w, w + KS, … (each 64 contiguous bytes a row); each k16 step's three MMAs go
+// into a fresh fragment, added to acc. INT4: groups of 32 in runs of U consecutive groups (runs w,
+// w + KS, …, so a warp's 4-byte word loads fill whole sectors); a group's 6 MMAs (2 steps × 3
+// parts) go into a fresh fragment, then acc = fma(scale, it, acc) — the group's scale is per row.
+// INT4 step s: logical columns 2t, 2t+1 | 2t+8, 2t+9 are nibbles 2s, 2s+4 | 2s+1, 2s+5 of the word.
+template <bool INT4, int RT, int NT, int KS, int U>
+__device__ __forceinline__ void mma_warp(const void* wbase, const uint16_t* sbase, int64_t rows, int64_t K, int64_t row0,
+                                         const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  int64_t wrow[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped)
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      wr[rt][h] = static_cast<const uint16_t*>(w.w) + min(row0 + rt * 16 + g + 8 * h, w.rows - 1) * K;
-  const float* xr[NT];  // token g of each 8-token tile; null past the batch (its B column is zero)
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
-
-  float acc[RT][NT][4];
+    for (int h = 0; h < 2; ++h) wrow[rt][h] = min(row0 + rt * 16 + g + 8 * h, rows - 1);
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+  const int64_t nkb = (K + 31) / 32;  // k32 blocks = INT4 groups
 
-  for (int64_t kb0 = warp; kb0 < nkb; kb0 += int64_t(U) * KS) {
-    uint4 wv[U][RT][2];
+  // B fragments of one k32 block: [tile][step][part: hi, mid, lo][register: columns 2t, 2t+1 | 2t+8, 2t+9].
+  auto x_frags = [&](int64_t k, uint32_t (&bf)[NT][2][3][2]) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t k = (kb0 + int64_t(u) * KS) * 32 + 8 * t;
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wv[u][rt][h] = k < K ? __ldg(reinterpret_cast<const uint4*>(wr[rt][h] + k)) : make_uint4(0, 0, 0, 0);
+    for (int nt = 0; nt < NT; ++nt) {
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (xr[nt] != nullptr && k < K) {
+        const float4* p = reinterpret_cast<const float4*>(xr[nt] + k);
+        x0 = p[0];
+        x1 = p[1];
+      }
+      // bf16: step s pairs physical columns (4s, 4s+1), (4s+2, 4s+3); INT4: (s', s'+4), (s'+1, s'+5), s' = 2s.
+      const Split3 p00 = INT4 ? split3(x0.x, x1.x) : split3(x0.x, x0.y);
+      const Split3 p01 = INT4 ? split3(x0.y, x1.y) : split3(x0.z, x0.w);
+      const Split3 p10 = INT4 ? split3(x0.z, x1.z) : split3(x1.x, x1.y);
+      const Split3 p11 = INT4 ? split3(x0.w, x1.w) : split3(x1.z, x1.w);
+      bf[nt][0][0][0] = p00.hi, bf[nt][0][1][0] = p00.mid, bf[nt][0][2][0] = p00.lo;
+      bf[nt][0][0][1] = p01.hi, bf[nt][0][1][1] = p01.mid, bf[nt][0][2][1] = p01.lo;
+      bf[nt][1][0][0] = p10.hi, bf[nt][1][1][0] = p10.mid, bf[nt][1][2][0] = p10.lo;
+      bf[nt][1][0][1] = p11.hi, bf[nt][1][1][1] = p11.mid, bf[nt][1][2][1] = p11.lo;
     }
+  };
+  // d += A · (lo, mid, hi parts of B): small parts first.
+  auto mma3 = [](float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[3][2]) {
+    mma_bf16(d, a, b[2][0], b[2][1]);
+    mma_bf16(d, a, b[1][0], b[1][1]);
+    mma_bf16(d, a, b[0][0], b[0][1]);
+  };
+
+  if constexpr (!INT4) {
+    const uint16_t* w16 = static_cast<const uint16_t*>(wbase);
+    for (int64_t kb0 = warp; kb0 < nkb; kb0 += int64_t(U) * KS) {
+      uint4 wv[U][RT][2];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kb = kb0 + int64_t(u) * KS;
-      if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
-      const int64_t k = kb * 32 + 8 * t;
-      // B fragments: [tile][step][part: hi, mid, lo][register: columns 2t, 2t+1 | 2t+8, 2t+9].
-      uint32_t bf[NT][2][3][2];
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = (kb0 + int64_t(u) * KS) * 32 + 8 * t;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-        if (xr[nt] != nullptr && k < K) {
-          const float4* p = reinterpret_cast<const float4*>(xr[nt] + k);
-          x0 = p[0];
-          x1 = p[1];
-        }
-        const Split3 s00 = split3(x0.x, x0.y), s01 = split3(x0.z, x0.w);
-        const Split3 s10 = split3(x1.x, x1.y), s11 = split3(x1.z, x1.w);
-        bf[nt][0][0][0] = s00.hi, bf[nt][0][1][0] = s00.mid, bf[nt][0][2][0] = s00.lo;
-        bf[nt][0][0][1] = s01.hi, bf[nt][0][1][1] = s01.mid, bf[nt][0][2][1] = s01.lo;
-        bf[nt][1][0][0] = s10.hi, bf[nt][1][1][0] = s10.mid, bf[nt][1][2][0] = s10.lo;
-        bf[nt][1][0][1] = s11.hi, bf[nt][1][1][1] = s11.mid, bf[nt][1][2][1] = s11.lo;
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            wv[u][rt][h] = k < K ? __ldg(reinterpret_cast<const uint4*>(w16 + wrow[rt][h] * K + k)) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int s = 0; s < 2; ++s)
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + int64_t(u) * KS;
+        if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
+        uint32_t bf[NT][2][3][2];
+        x_frags(kb * 32 + 8 * t, bf);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
+            const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
+            const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma3(d, a, bf[nt][s]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+            }
+          }
+      }
+    }
+  } else {
+    const uint32_t* w32 = static_cast<const uint32_t*>(wbase);
+    const int64_t words = K / 8;
+    for (int64_t kb0 = int64_t(warp) * U; kb0 < nkb; kb0 += int64_t(U) * KS) {
+      uint32_t wq[U][RT][2];
+      uint16_t ws[U][RT][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + u;
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            wq[u][rt][h] = kb < nkb ? __ldg(w32 + wrow[rt][h] * words + kb * 4 + t) : 0u;
+            ws[u][rt][h] = kb < nkb ? __ldg(sbase + wrow[rt][h] * nkb + kb) : uint16_t(0);
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + u;
+        if (kb >= nkb) break;  // warp-uniform
+        uint32_t bf[NT][2][3][2];
+        x_frags(kb * 32 + 8 * t, bf);
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt) {
-          // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
-          const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
-          const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+          const uint32_t qg = wq[u][rt][0], qg8 = wq[u][rt][1];
+          const float sg = bf16_f(ws[u][rt][0]), sg8 = bf16_f(ws[u][rt][1]);
+          const uint32_t a0[4] = {nibble_pair(qg, 0), nibble_pair(qg8, 0), nibble_pair(qg, 1), nibble_pair(qg8, 1)};
+          const uint32_t a1[4] = {nibble_pair(qg, 2), nibble_pair(qg8, 2), nibble_pair(qg, 3), nibble_pair(qg8, 3)};
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_bf16(d, a, bf[nt][s][2][0], bf[nt][s][2][1]);  // lo, mid, hi: small parts first
-            mma_bf16(d, a, bf[nt][s][1][0], bf[nt][s][1][1]);
-            mma_bf16(d, a, bf[nt][s][0][0], bf[nt][s][0][1]);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+            mma3(d, a0, bf[nt][0]);
+            mma3(d, a1, bf[nt][1]);
+            acc[rt][nt][0] = fmaf(sg, d[0], acc[rt][nt][0]);
+            acc[rt][nt][1] = fmaf(sg, d[1], acc[rt][nt][1]);
+            acc[rt][nt][2] = fmaf(sg8, d[2], acc[rt][nt][2]);
+            acc[rt][nt][3] = fmaf(sg8, d[3], acc[rt][nt][3]);
           }
         }
+      }
     }
   }
+}
 
-  // D fragment: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2.
+// The block's KS partials (shared memory, added in warp order) and the epilogue. Token tok's output
+// row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the matrix). Ends with a barrier
+// so the caller may reuse `part`.
+template <int RT, int NT, int KS, class YRow>
+__device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 4], const float (&acc)[RT][NT][4], int64_t row0,
+                                            int64_t rows, int mcount, int ep, YRow yrow) {
+  constexpr int ROWS = 16 * RT, TOK = 8 * NT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -163,8 +226,7 @@ __global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) part[warp][nt * 8 + 2 * t + (i & 1)][rt * 16 + g + 8 * (i >> 1)] = acc[rt][nt][i];
   __syncthreads();
-
-  auto total = [&](int tok, int r) {  // the KS partials in warp order
+  auto total = [&](int tok, int r) {
     float v = part[0][tok][r];
 #pragma unroll
     for (int k = 1; k < KS; ++k) v = __fadd_rn(v, part[k][tok][r]);
@@ -173,18 +235,63 @@ __global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const 
   if (ep == int(Epilogue::swiglu)) {
     for (int e = threadIdx.x; e < TOK * (ROWS / 2); e += KS * 32) {
       const int tok = e / (ROWS / 2), j = e % (ROWS / 2);
-      if (tok >= mcount || row0 + 2 * j + 1 >= w.rows) continue;
+      if (tok >= mcount || row0 + 2 * j + 1 >= rows) continue;
       const float gv = total(tok, 2 * j), uv = total(tok, 2 * j + 1);
-      y[(m0 + tok) * ldy + (row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
+      yrow(tok)[(row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
     }
   } else {
     for (int e = threadIdx.x; e < TOK * ROWS; e += KS * 32) {
       const int tok = e / ROWS, r = e % ROWS;
-      if (tok >= mcount || row0 + r >= w.rows) continue;
-      float* out = y + (m0 + tok) * ldy + row0 + r;
+      if (tok >= mcount || row0 + r >= rows) continue;
+      float* out = yrow(tok) + row0 + r;
       const float v = total(tok, r);
       *out = ep == int(Epilogue::add) ? __fadd_rn(*out, v) : v;
     }
+  }
+  __syncthreads();
+}
+
+// grid (ceil(M / (8·NT)), ceil(rows / (16·RT))) when m_fast (a row group's token tiles are
+// neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
+// K-slice of the same 16·RT weight rows × 8·NT tokens. U: k32 blocks whose weight loads are issued
+// together (bytes in flight per warp).
+template <int RT, int NT, int KS, int U>
+__global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
+                                                           int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
+  __shared__ float part[KS][8 * NT][16 * RT + 4];  // per warp: [token][weight row]; +4: conflict-free stores
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
+  const int64_t row0 = bx * 16 * RT, m0 = by * 8 * NT;
+  const int mcount = int(M - m0 < 8 * NT ? M - m0 : int64_t(8 * NT));
+  const float* xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
+  float acc[RT][NT][4];
+  mma_warp<false, RT, NT, KS, U>(w.w, nullptr, w.rows, w.cols, row0, xr, acc, warp, lane);
+  finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; });
+}
+
+// INT4 routed experts: grid (ceil(rows / (16·RT)), max_active); block y serves the y-th active
+// expert, all its token rows in tiles of 8 (one weight pass per 8 tokens of an expert).
+template <int RT, int KS, int U>
+__global__ void __launch_bounds__(KS * 32) mma_expert_kernel(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
+                                                           float* y, int64_t ldy, int ep) {
+  __shared__ float part[KS][8][16 * RT + 4];
+  const int a = int(blockIdx.y);
+  if (a >= *b.n_active) return;  // block-uniform
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const int64_t row0 = int64_t(blockIdx.x) * 16 * RT;
+  const int64_t e = b.act_expert[a];
+  const int off = b.act_off[a], cnt = b.act_cnt[a];
+  const void* wbase = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
+  const uint16_t* sbase = b.w.scales + e * b.scale_stride_elems;
+  for (int t0 = 0; t0 < cnt; t0 += 8) {
+    const int mcount = min(8, cnt - t0);
+    const float* xr[1] = {g < mcount ? x + int64_t(b.in_row[off + t0 + g]) * ldx : nullptr};
+    float acc[RT][1][4];
+    mma_warp<true, RT, 1, KS, U>(wbase, sbase, b.w.rows, b.w.cols, row0, xr, acc, warp, lane);
+    finish_tile<RT, 1, KS>(part, acc, row0, b.w.rows, mcount, ep,
+                           [&](int tok) { return y + int64_t(b.out_row[off + t0 + tok]) * ldy; });
   }
 }
 
@@ -214,15 +321,15 @@ void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
     launch<RTW, 4, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
 }
 
-// KDTREE_CUDA_MMA, read once: unset or "0" → off, "1" → on; anything else is an error.
-int mma_from_env() {
-  const char* e = std::getenv("KDTREE_CUDA_MMA");
-  if (e == nullptr || std::strcmp(e, "0") == 0 || *e == '\0') return 0;
+// A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
+int env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return 0;
   if (std::strcmp(e, "1") == 0) return 1;
-  fail("KDTREE_CUDA_MMA must be 0 or 1, not '", std::string(e), "'");
+  fail(name, " must be 0 or 1, not '", std::string(e), "'");
 }
 
-std::atomic<int> g_mma_override{-1};  // -1: follow the environment
+std::atomic<int> g_mma_override{-1}, g_expert_mma_override{-1};  // -1: follow the environment
 
 }  // namespace
 
@@ -231,7 +338,7 @@ void set_mma(bool on) { g_mma_override.store(on ? 1 : 0); }
 bool mma_enabled() {
   const int o = g_mma_override.load();
   if (o >= 0) return o == 1;
-  static const int from_env = mma_from_env();
+  static const int from_env = env_switch("KDTREE_CUDA_MMA");
   return from_env == 1;
 }
 
@@ -248,6 +355,26 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   else
     dispatch_m<8>(w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear (MMA)");
+  return true;
+}
+
+bool expert_mma_enabled() {
+  const int o = g_expert_mma_override.load();
+  if (o >= 0) return o == 1;
+  static const int from_env = env_switch("KDTREE_CUDA_MMA_EXPERTS");
+  return from_env == 1;
+}
+void set_expert_mma(bool on) { g_expert_mma_override.store(on ? 1 : 0); }
+
+bool expert_linear_mma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  if (!expert_mma_enabled() || !b.w.int4) return false;
+  if (b.max_active <= 0) return true;
+  if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA expert_linear (MMA): activations are not 16-byte aligned");
+  // 64 weight rows a block (the x split serves four 16-row tiles), K over 4 warps in runs of 4 groups.
+  constexpr int RT = 4, KS = 4, U = 4;
+  const dim3 grid(unsigned((b.w.rows + 16 * RT - 1) / (16 * RT)), unsigned(b.max_active));
+  mma_expert_kernel<RT, KS, U><<<grid, KS * 32, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+  check_launch("expert_linear (MMA)");
   return true;
 }
 
