@@ -1,6 +1,6 @@
 """CPU model of src/backend/cuda/mma.cu (no GPU needed; numpy only), written before the kernel ran.
 
-1. The fragment mapping: builds the m16n8k16 A / B operands from what each lane loads (PTX ISA
+1. The fragment mappings (bf16, and INT4 with its nibble unpack): builds the m16n8k16 A / B operands from what each lane loads (PTX ISA
    fragment layouts for .bf16), multiplies, scatters D back to lanes and checks that the epilogue's
    (weight row, token) reading of the accumulators equals x · Wᵀ.
 2. The exact three-part split of fp32 x (bit truncation) for |x| ≥ 2^-103.
@@ -50,6 +50,47 @@ def check_fragments():
     err = np.abs(Y - X.astype(np.float64) @ W.astype(np.float64).T).max()
     assert err < 1e-9, err
     print("fragment mapping: ok (max |err| %.2g)" % err)
+
+
+def check_int4_fragments():
+    """INT4: lane (g, t) holds word t of the group (nibbles e0..e7 = columns 8t..8t+7, LSB first);
+    step s: A registers (e_2s, e_2s+4) and (e_2s+1, e_2s+5) of rows g | g+8, B (x0.x, x1.x)… as mma.cu."""
+    K = 32
+    nib = rng.integers(0, 16, size=(16, K))
+    words = np.zeros((16, 4), np.uint64)
+    for r in range(16):
+        for wi in range(4):
+            for e in range(8):
+                words[r, wi] |= np.uint64(nib[r, 8 * wi + e]) << np.uint64(4 * e)
+    X = rng.standard_normal((8, K)).astype(np.float32)
+
+    def nibble_pair(q, j):  # bf16x2 (e_j − 8, e_{j+4} − 8) as two numbers (low, high)
+        v = ((int(q) >> (4 * j)) & 0x000F000F) | 0x43004300
+        lo16, hi16 = v & 0xFFFF, v >> 16
+        f = lambda b: np.array([b << 16], np.uint32).view(np.float32)[0]
+        return (f(lo16) * 1.0 - 136.0, f(hi16) * 1.0 - 136.0)
+
+    D = np.zeros((16, 8))
+    for s in range(2):
+        A = np.full((16, 16), np.nan)
+        B = np.full((16, 8), np.nan)
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            qg, qg8 = words[g, t], words[g + 8, t]
+            a = [nibble_pair(qg, 2 * s), nibble_pair(qg8, 2 * s), nibble_pair(qg, 2 * s + 1), nibble_pair(qg8, 2 * s + 1)]
+            x0, x1 = X[g, 8 * t:8 * t + 4], X[g, 8 * t + 4:8 * t + 8]
+            b = [(x0[2 * s], x1[2 * s]), (x0[2 * s + 1], x1[2 * s + 1])]
+            for ai in range(8):
+                row = g if ai in (0, 1, 4, 5) else g + 8
+                A[row, 2 * t + (ai & 1) + (8 if ai >= 4 else 0)] = a[ai // 2][ai & 1]
+            for bi in range(4):
+                B[2 * t + (bi & 1) + (8 if bi >= 2 else 0), g] = b[bi // 2][bi & 1]
+        assert not np.isnan(A).any() and not np.isnan(B).any()
+        D += A @ B
+    ref = (nib - 8).astype(np.float64) @ X.astype(np.float64).T  # [16 rows, 8 tokens]
+    err = np.abs(D - ref).max()
+    assert err < 1e-9, err
+    print("INT4 fragment mapping and nibble unpack: ok (max |err| %.2g)" % err)
 
 
 def top16(a):
@@ -116,5 +157,6 @@ def error_model(K=7168, R=200, KS=4):
 
 if __name__ == "__main__":
     check_fragments()
+    check_int4_fragments()
     check_split()
     error_model()
