@@ -1,6 +1,7 @@
-// Tensor-core path of cuda::linear for bf16 weights (mma.sync m16n8k16, bf16 × bf16 → fp32), for
-// every M including 1 once switched on (set_mma / KDTREE_CUDA_MMA), so a row's bits never depend
-// on the batch (DESIGN.md §2).
+// Tensor-core paths (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights
+// (switch: set_mma / KDTREE_CUDA_MMA) and of cuda::expert_linear for INT4 g32 experts (switch:
+// set_expert_mma / KDTREE_CUDA_MMA_EXPERTS). Once on, a path serves every M, 1 included, so a row's
+// bits never depend on the batch (DESIGN.md §2).
 //
 // Orientation: the MMA's 16 "rows" are 16 weight rows (outputs), its 8 "columns" are 8 token rows,
 // D[16 × 8] = W[16 × k16] · xᵀ[k16 × 8]. The k16 step's 16 positions are a fixed permutation of the
@@ -25,8 +26,14 @@
 // three MMAs start from zero and are added to the warp's accumulator in k order; the KS partials are
 // added in warp order through shared memory. The token tile (8 · NT rows), the weight rows a block
 // owns (16 · RT), the unroll depth and which block runs a tile only choose who computes an output,
-// never how: an MMA output element depends only on its own row of A, column of B and accumulator.
+// never how: an MMA output element depends only on its own row of A, column of B and accumulator
+// (the hardware's contract as we read it; tests/gpu/test_cuda_mma*.cpp check it bit for bit).
 // Inputs with Inf give NaN here (x − hi is Inf − Inf); the CUDA-core path may give ±Inf.
+//
+// INT4 experts: the same tiles with A = (nibble − 8) as bf16 (exact); a group of 32 columns is one
+// k32 block, whose 6 MMAs (2 steps × 3 parts) go into a fresh fragment that is then scaled by the
+// row's group scale into the fp32 accumulator (fmaf). Up to 8 token rows of an expert share each
+// weight load (the CUDA-core kernel re-reads the expert from L2 for every later row).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
