@@ -122,7 +122,7 @@ double rel_err(const std::vector<T>& a, const std::vector<double>& ref, size_t n
 void check_parity(int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   const Matrix a(rows, cols, rng);
-  ASSERT_TRUE(cuda::mma_eligible(a.dev())) << rows << "x" << cols << " should take the MMA path";
+  ASSERT_TRUE(cuda::mma_eligible(a.dev())) << rows << "x" << cols << " should take the MMA path (KDTREE_CUDA_MMA_MIN_ROWS?)";
   const int64_t Mmax = 33;
   const std::vector<float> x = normal_x(Mmax * cols, rng);
   std::vector<double> ref;
@@ -206,6 +206,19 @@ TEST(CudaMma, RowInvarianceAndEpilogues) {
   check_invariance(4096, 7168, 201);  // 4 warps split K, 32-row blocks for wide token tiles
   check_invariance(1536, 7168, 202);  // q_a: 8 warps split K
   check_invariance(1030, 1000, 203);  // ragged rows and K
+}
+
+// Narrow matrices take the MMA path only below KDTREE_CUDA_MMA_MIN_ROWS (run the suite with it at 0).
+TEST(CudaMma, NarrowShapesWhenEnabled) {
+  REQUIRE_GPU();
+  cuda::DevMatrix narrow;
+  narrow.rows = 13;
+  narrow.cols = 40;
+  if (!cuda::mma_eligible(narrow)) GTEST_SKIP() << "13-row matrices stay on the CUDA-core path (KDTREE_CUDA_MMA_MIN_ROWS unset)";
+  check_parity(13, 40, 105);
+  check_parity(576, 7168, 106);  // kv_a
+  check_invariance(13, 40, 204);
+  check_invariance(384, 7168, 205);  // router
 }
 
 // Timing printout (not asserted): one call, CUDA events, median of 21 after 3 warm-ups, MMA path vs

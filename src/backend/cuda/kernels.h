@@ -46,12 +46,15 @@ struct ExpertBatch {
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
-// Tensor-core path of linear() for bf16 matrices of ≥ kMmaMinRows rows (mma.cu): fp32 x split
+// Tensor-core path of linear() for bf16 matrices of ≥ mma_min_rows() rows (mma.cu): fp32 x split
 // exactly into three bf16 parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical
 // whatever M (it serves M = 1 too). Process-wide, off unless set_mma(true) or KDTREE_CUDA_MMA=1
 // (read once); switch it before a forward is captured into a CUDA graph. linear() calls
 // linear_mma() first, which returns false when the path is off or the matrix is not eligible.
+// kMmaMinRows: narrower matrices leave most SMs idle as 16-row tiles; KDTREE_CUDA_MMA_MIN_ROWS
+// (read once) overrides it — 0 sends every bf16 matrix through the MMA path (tests on small models).
 constexpr int64_t kMmaMinRows = 1024;
+int64_t mma_min_rows();
 void set_mma(bool on);
 bool mma_enabled();
 bool mma_eligible(const DevMatrix& w);

@@ -349,7 +349,19 @@ bool mma_enabled() {
   return from_env == 1;
 }
 
-bool mma_eligible(const DevMatrix& w) { return !w.int4 && w.rows >= kMmaMinRows && w.cols % 8 == 0; }
+int64_t mma_min_rows() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("KDTREE_CUDA_MMA_MIN_ROWS");
+    if (e == nullptr || *e == '\0') return kMmaMinRows;
+    char* end = nullptr;
+    const long long n = std::strtoll(e, &end, 10);
+    if (*end != '\0' || n < 0) fail("KDTREE_CUDA_MMA_MIN_ROWS must be a row count ≥ 0, not '", std::string(e), "'");
+    return int64_t(n);
+  }();
+  return v;
+}
+
+bool mma_eligible(const DevMatrix& w) { return !w.int4 && w.rows >= mma_min_rows() && w.cols % 8 == 0; }
 
 bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
                 cudaStream_t s) {
