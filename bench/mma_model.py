@@ -143,9 +143,11 @@ def error_model(K=7168, R=200, KS=4):
         tot = None
         for w in range(KS):
             a = np.zeros(R, np.float32)
-            for kb in range(w, K // 32, KS):
+            for kb in range(w, (K + 31) // 32, KS):
                 for s in range(2):
-                    ks = np.arange(kb * 32 + 16 * s, kb * 32 + 16 * s + 16)
+                    ks = np.arange(kb * 32 + 16 * s, min(kb * 32 + 16 * s + 16, K))  # the tail reads zeros
+                    if len(ks) == 0:
+                        ks = np.arange(0)
                     d = np.zeros(R, np.float32)
                     for p in parts:  # small parts first, as the kernel
                         d = tensor_core(d, W[:, ks].astype(np.float64) * p[ks].astype(np.float64))
