@@ -46,6 +46,27 @@ struct ExpertBatch {
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
+// Tensor-core path of linear() for bf16 matrices of ≥ mma_min_rows() rows (mma.cu): fp32 x split
+// exactly into three bf16 parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical
+// whatever M (it serves M = 1 too). Process-wide, off unless set_mma(true) or KDTREE_CUDA_MMA=1
+// (read once); switch it before a forward is captured into a CUDA graph. linear() calls
+// linear_mma() first, which returns false when the path is off or the matrix is not eligible.
+// kMmaMinRows: narrower matrices leave most SMs idle as 16-row tiles; KDTREE_CUDA_MMA_MIN_ROWS
+// (read once) overrides it — 0 sends every bf16 matrix through the MMA path (tests on small models).
+constexpr int64_t kMmaMinRows = 1024;
+int64_t mma_min_rows();
+void set_mma(bool on);
+bool mma_enabled();
+bool mma_eligible(const DevMatrix& w);
+bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
+                cudaStream_t s);
+// The same for INT4 routed experts (expert_linear(); W4A16 through bf16 MMAs: nibbles − 8 exact in
+// bf16, each group's 32 columns into a fresh fragment, times the group scale into fp32): its own
+// switch, set_expert_mma(true) or KDTREE_CUDA_MMA_EXPERTS=1, off by default; every token count.
+void set_expert_mma(bool on);
+bool expert_mma_enabled();
+bool expert_linear_mma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
+
 // out[i, d] = table[ids[i], d] as fp32 (bf16 table [vocab, dim]).
 void embed(const uint16_t* table, int64_t dim, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
 

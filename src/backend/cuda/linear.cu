@@ -295,6 +295,7 @@ void launch_linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, f
 void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   if (M <= 0 || w.rows <= 0) return;
   check_shape(w, x, ldx, "linear");
+  if (linear_mma(w, x, ldx, M, y, ldy, ep, s)) return;  // tensor cores when switched on (mma.cu)
   if (w.int4)
     launch_linear<true, 4>(w, x, ldx, M, y, ldy, ep, s);
   else if (M > 4)
@@ -310,6 +311,7 @@ void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   if (b.max_active <= 0) return;
   check_shape(b.w, x, ldx, "expert_linear");
+  if (expert_linear_mma(b, x, ldx, y, ldy, ep, s)) return;  // tensor cores when switched on (mma.cu)
   const dim3 block(kWarps * 32);
   const unsigned gy = unsigned(b.max_active);
   // One token per expert (decode) needs no M-tile; wider tiles share each weight load across rows.

@@ -1,0 +1,400 @@
+// Tensor-core paths (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights
+// (switch: set_mma / KDTREE_CUDA_MMA) and of cuda::expert_linear for INT4 g32 experts (switch:
+// set_expert_mma / KDTREE_CUDA_MMA_EXPERTS). Once on, a path serves every M, 1 included, so a row's
+// bits never depend on the batch (DESIGN.md §2).
+//
+// Orientation: the MMA's 16 "rows" are 16 weight rows (outputs), its 8 "columns" are 8 token rows,
+// D[16 × 8] = W[16 × k16] · xᵀ[k16 × 8]. The k16 step's 16 positions are a fixed permutation of the
+// physical columns, the same for A and B, so each lane fills its fragments with 16-byte loads:
+// lane (g = lane / 4, t = lane % 4) loads W[row g | g + 8][k0 + 8t … k0 + 8t + 7] and the same
+// 8 columns of token g's fp32 x — one k32 block is 2 MMA steps (s = 0, 1); step s's logical
+// columns 2t, 2t+1 | 2t+8, 2t+9 are the physical columns k0 + 8t + 4s + 0, 1 | 2, 3.
+//
+// Precision: x stays fp32. Each x is split exactly as hi + mid + lo, three bf16 (bit truncation:
+// hi = top 16 bits of x, mid = top 16 bits of x − hi, lo = the rest, which has ≤ 8 significant bits;
+// exact for |x| ≥ 2^-103), and every k16 step runs three MMAs (lo, mid, hi into one fresh fp32
+// fragment; the bf16 products are exact in the tensor core). That fragment is then added to the fp32
+// accumulator with one IEEE add (__fadd_rn): the tensor core's own (truncating) accumulation only
+// ever spans 48 products of one k16 step, so its error stays at the size of that step's partial sum,
+// not of the running total. Two parts (16 bits of x) would round x at 2^-17, about the whole error
+// budget of a plain fp32 dot at K = 7168 (bench/mma_model.py: ≈ 1e-5 vs 1.6e-6 plain, three parts ≈ 2e-7
+// under a truncating tensor-core model); the op-parity test (tests/gpu/test_cuda_mma.cpp) checks
+// the three-part version against fp64 and a plain fp32 loop.
+//
+// Row invariance: the reduction order of an output is fixed by K and the matrix shape alone — warp
+// w of a block (KS warps, KS a rule of the row count) takes k32 blocks w, w + KS, …; each k16 step's
+// three MMAs start from zero and are added to the warp's accumulator in k order; the KS partials are
+// added in warp order through shared memory. The token tile (8 · NT rows), the weight rows a block
+// owns (16 · RT), the unroll depth and which block runs a tile only choose who computes an output,
+// never how: an MMA output element depends only on its own row of A, column of B and accumulator
+// (the hardware's contract as we read it; tests/gpu/test_cuda_mma*.cpp check it bit for bit).
+// Inputs with Inf give NaN here (x − hi is Inf − Inf); the CUDA-core path may give ±Inf.
+//
+// INT4 experts: the same tiles with A = (nibble − 8) as bf16 (exact); a group of 32 columns is one
+// k32 block, whose 6 MMAs (2 steps × 3 parts) go into a fresh fragment that is then scaled by the
+// row's group scale into the fp32 accumulator (fmaf). Up to 8 token rows of an expert share each
+// weight load (the CUDA-core kernel re-reads the expert from L2 for every later row).
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+namespace kd::cuda {
+
+namespace {
+
+// Two fp32 → their exact three-part bf16 split, each part packed as bf16x2 (a in the low half).
+struct Split3 {
+  uint32_t hi, mid, lo;
+};
+__device__ __forceinline__ Split3 split3(float a, float b) {
+  const uint32_t ua = __float_as_uint(a), ub = __float_as_uint(b);
+  const float ra = __fsub_rn(a, __uint_as_float(ua & 0xffff0000u));  // exact: the low 16 bits of a
+  const float rb = __fsub_rn(b, __uint_as_float(ub & 0xffff0000u));
+  const uint32_t va = __float_as_uint(ra), vb = __float_as_uint(rb);
+  const float la = __fsub_rn(ra, __uint_as_float(va & 0xffff0000u));  // exact, ≤ 8 significant bits
+  const float lb = __fsub_rn(rb, __uint_as_float(vb & 0xffff0000u));
+  Split3 s;
+  // __byte_perm(x, y, 0x7632): low half = x's top 16 bits, high half = y's top 16 bits.
+  s.hi = __byte_perm(ua, ub, 0x7632);
+  s.mid = __byte_perm(va, vb, 0x7632);
+  s.lo = __byte_perm(__float_as_uint(la), __float_as_uint(lb), 0x7632);
+  return s;
+}
+
+// d += A · B for one m16n8k16 tile (bf16 inputs, fp32 accumulator), PTX fragment layouts.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// INT4 nibbles → the A operand: bf16x2 (e_j − 8, e_{j+4} − 8) of an 8-nibble word (LSB first), exact:
+// 0x4300 | n is the bf16 128 + n, and (128 + n) · 1 − 136 is an integer in [−8, 7].
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t q, int j) {
+  const uint32_t v = ((q >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3f803f80u), "r"(0xc308c308u));
+  return r;
+}
+
+// One warp's share of a 16·RT (weight rows) × 8·NT (tokens) tile: acc[rt][nt][i] (D fragment
+// layout: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2) over the warp's
+// K-slice, in a fixed order. xr[nt]: token g of tile nt, null past the batch (its B column is zero).
+// bf16: k32 blocks w, w + KS, … (each 64 contiguous bytes a row); each k16 step's three MMAs go
+// into a fresh fragment, added to acc. INT4: groups of 32 in runs of U consecutive groups (runs w,
+// w + KS, …, so a warp's 4-byte word loads fill whole sectors); a group's 6 MMAs (2 steps × 3
+// parts) go into a fresh fragment, then acc = fma(scale, it, acc) — the group's scale is per row.
+// INT4 step s: logical columns 2t, 2t+1 | 2t+8, 2t+9 are nibbles 2s, 2s+4 | 2s+1, 2s+5 of the word.
+template <bool INT4, int RT, int NT, int KS, int U>
+__device__ __forceinline__ void mma_warp(const void* wbase, const uint16_t* sbase, int64_t rows, int64_t K, int64_t row0,
+                                         const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  int64_t wrow[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped)
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wrow[rt][h] = min(row0 + rt * 16 + g + 8 * h, rows - 1);
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+  const int64_t nkb = (K + 31) / 32;  // k32 blocks = INT4 groups
+
+  // B fragments of one k32 block: [tile][step][part: hi, mid, lo][register: columns 2t, 2t+1 | 2t+8, 2t+9].
+  auto x_frags = [&](int64_t k, uint32_t (&bf)[NT][2][3][2]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (xr[nt] != nullptr && k < K) {
+        const float4* p = reinterpret_cast<const float4*>(xr[nt] + k);
+        x0 = p[0];
+        x1 = p[1];
+      }
+      // bf16: step s pairs physical columns (4s, 4s+1), (4s+2, 4s+3); INT4: (s', s'+4), (s'+1, s'+5), s' = 2s.
+      const Split3 p00 = INT4 ? split3(x0.x, x1.x) : split3(x0.x, x0.y);
+      const Split3 p01 = INT4 ? split3(x0.y, x1.y) : split3(x0.z, x0.w);
+      const Split3 p10 = INT4 ? split3(x0.z, x1.z) : split3(x1.x, x1.y);
+      const Split3 p11 = INT4 ? split3(x0.w, x1.w) : split3(x1.z, x1.w);
+      bf[nt][0][0][0] = p00.hi, bf[nt][0][1][0] = p00.mid, bf[nt][0][2][0] = p00.lo;
+      bf[nt][0][0][1] = p01.hi, bf[nt][0][1][1] = p01.mid, bf[nt][0][2][1] = p01.lo;
+      bf[nt][1][0][0] = p10.hi, bf[nt][1][1][0] = p10.mid, bf[nt][1][2][0] = p10.lo;
+      bf[nt][1][0][1] = p11.hi, bf[nt][1][1][1] = p11.mid, bf[nt][1][2][1] = p11.lo;
+    }
+  };
+  // d += A · (lo, mid, hi parts of B): small parts first.
+  auto mma3 = [](float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[3][2]) {
+    mma_bf16(d, a, b[2][0], b[2][1]);
+    mma_bf16(d, a, b[1][0], b[1][1]);
+    mma_bf16(d, a, b[0][0], b[0][1]);
+  };
+
+  if constexpr (!INT4) {
+    const uint16_t* w16 = static_cast<const uint16_t*>(wbase);
+    for (int64_t kb0 = warp; kb0 < nkb; kb0 += int64_t(U) * KS) {
+      uint4 wv[U][RT][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = (kb0 + int64_t(u) * KS) * 32 + 8 * t;
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            wv[u][rt][h] = k < K ? __ldg(reinterpret_cast<const uint4*>(w16 + wrow[rt][h] * K + k)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + int64_t(u) * KS;
+        if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
+        uint32_t bf[NT][2][3][2];
+        x_frags(kb * 32 + 8 * t, bf);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
+            const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
+            const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma3(d, a, bf[nt][s]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+            }
+          }
+      }
+    }
+  } else {
+    const uint32_t* w32 = static_cast<const uint32_t*>(wbase);
+    const int64_t words = K / 8;
+    for (int64_t kb0 = int64_t(warp) * U; kb0 < nkb; kb0 += int64_t(U) * KS) {
+      uint32_t wq[U][RT][2];
+      uint16_t ws[U][RT][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + u;
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            wq[u][rt][h] = kb < nkb ? __ldg(w32 + wrow[rt][h] * words + kb * 4 + t) : 0u;
+            ws[u][rt][h] = kb < nkb ? __ldg(sbase + wrow[rt][h] * nkb + kb) : uint16_t(0);
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + u;
+        if (kb >= nkb) break;  // warp-uniform
+        uint32_t bf[NT][2][3][2];
+        x_frags(kb * 32 + 8 * t, bf);
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          const uint32_t qg = wq[u][rt][0], qg8 = wq[u][rt][1];
+          const float sg = bf16_f(ws[u][rt][0]), sg8 = bf16_f(ws[u][rt][1]);
+          const uint32_t a0[4] = {nibble_pair(qg, 0), nibble_pair(qg8, 0), nibble_pair(qg, 1), nibble_pair(qg8, 1)};
+          const uint32_t a1[4] = {nibble_pair(qg, 2), nibble_pair(qg8, 2), nibble_pair(qg, 3), nibble_pair(qg8, 3)};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma3(d, a0, bf[nt][0]);
+            mma3(d, a1, bf[nt][1]);
+            acc[rt][nt][0] = fmaf(sg, d[0], acc[rt][nt][0]);
+            acc[rt][nt][1] = fmaf(sg, d[1], acc[rt][nt][1]);
+            acc[rt][nt][2] = fmaf(sg8, d[2], acc[rt][nt][2]);
+            acc[rt][nt][3] = fmaf(sg8, d[3], acc[rt][nt][3]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The block's KS partials (shared memory, added in warp order) and the epilogue. Token tok's output
+// row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the matrix). Ends with a barrier
+// so the caller may reuse `part`.
+template <int RT, int NT, int KS, class YRow>
+__device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 4], const float (&acc)[RT][NT][4], int64_t row0,
+                                            int64_t rows, int mcount, int ep, YRow yrow) {
+  constexpr int ROWS = 16 * RT, TOK = 8 * NT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][nt * 8 + 2 * t + (i & 1)][rt * 16 + g + 8 * (i >> 1)] = acc[rt][nt][i];
+  __syncthreads();
+  auto total = [&](int tok, int r) {
+    float v = part[0][tok][r];
+#pragma unroll
+    for (int k = 1; k < KS; ++k) v = __fadd_rn(v, part[k][tok][r]);
+    return v;
+  };
+  if (ep == int(Epilogue::swiglu)) {
+    for (int e = threadIdx.x; e < TOK * (ROWS / 2); e += KS * 32) {
+      const int tok = e / (ROWS / 2), j = e % (ROWS / 2);
+      if (tok >= mcount || row0 + 2 * j + 1 >= rows) continue;
+      const float gv = total(tok, 2 * j), uv = total(tok, 2 * j + 1);
+      yrow(tok)[(row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
+    }
+  } else {
+    for (int e = threadIdx.x; e < TOK * ROWS; e += KS * 32) {
+      const int tok = e / ROWS, r = e % ROWS;
+      if (tok >= mcount || row0 + r >= rows) continue;
+      float* out = yrow(tok) + row0 + r;
+      const float v = total(tok, r);
+      *out = ep == int(Epilogue::add) ? __fadd_rn(*out, v) : v;
+    }
+  }
+  __syncthreads();
+}
+
+// grid (ceil(M / (8·NT)), ceil(rows / (16·RT))) when m_fast (a row group's token tiles are
+// neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
+// K-slice of the same 16·RT weight rows × 8·NT tokens. U: k32 blocks whose weight loads are issued
+// together (bytes in flight per warp).
+template <int RT, int NT, int KS, int U>
+__global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
+                                                           int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
+  __shared__ float part[KS][8 * NT][16 * RT + 4];  // per warp: [token][weight row]; +4: conflict-free stores
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
+  const int64_t row0 = bx * 16 * RT, m0 = by * 8 * NT;
+  const int mcount = int(M - m0 < 8 * NT ? M - m0 : int64_t(8 * NT));
+  const float* xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
+  float acc[RT][NT][4];
+  mma_warp<false, RT, NT, KS, U>(w.w, nullptr, w.rows, w.cols, row0, xr, acc, warp, lane);
+  finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; });
+}
+
+// INT4 routed experts: grid (ceil(rows / (16·RT)), max_active); block y serves the y-th active
+// expert, all its token rows in tiles of 8 (one weight pass per 8 tokens of an expert).
+template <int RT, int KS, int U>
+__global__ void __launch_bounds__(KS * 32) mma_expert_kernel(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
+                                                           float* y, int64_t ldy, int ep) {
+  __shared__ float part[KS][8][16 * RT + 4];
+  const int a = int(blockIdx.y);
+  if (a >= *b.n_active) return;  // block-uniform
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const int64_t row0 = int64_t(blockIdx.x) * 16 * RT;
+  const int64_t e = b.act_expert[a];
+  const int off = b.act_off[a], cnt = b.act_cnt[a];
+  const void* wbase = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
+  const uint16_t* sbase = b.w.scales + e * b.scale_stride_elems;
+  for (int t0 = 0; t0 < cnt; t0 += 8) {
+    const int mcount = min(8, cnt - t0);
+    const float* xr[1] = {g < mcount ? x + int64_t(b.in_row[off + t0 + g]) * ldx : nullptr};
+    float acc[RT][1][4];
+    mma_warp<true, RT, 1, KS, U>(wbase, sbase, b.w.rows, b.w.cols, row0, xr, acc, warp, lane);
+    finish_tile<RT, 1, KS>(part, acc, row0, b.w.rows, mcount, ep,
+                           [&](int tok) { return y + int64_t(b.out_row[off + t0 + tok]) * ldy; });
+  }
+}
+
+template <int RT, int NT, int KS, int U>
+void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  const unsigned gx = unsigned((w.rows + 16 * RT - 1) / (16 * RT)), gm = unsigned((M + 8 * NT - 1) / (8 * NT));
+  const bool m_fast = gm > 1 && gx <= 65535u;
+  const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
+  mma_linear_kernel<RT, NT, KS, U><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+}
+
+// The K split (warps a block) by shape: 4 for matrices of ≥ 4096 rows (enough blocks to fill 132
+// SMs), 8 below. Token tiles of 8 / 16 / 24 / 32 rows by M; 32 weight rows a block for wide tiles
+// of tall matrices (each x load and split then serves twice the weights: x comes from L2 once per
+// row tile), else 16. Four k32 blocks' weight loads in flight a warp (4–8 KB; ptxas: 71–177
+// registers, no spills). None of these changes a row's arithmetic.
+template <int KS>
+void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  constexpr int RTW = KS == 4 ? 2 : 1;
+  if (M <= 8)
+    launch<1, 1, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+  else if (M <= 16)
+    launch<RTW, 2, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+  else if (M <= 24)
+    launch<RTW, 3, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    launch<RTW, 4, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+}
+
+// A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
+int env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return 0;
+  if (std::strcmp(e, "1") == 0) return 1;
+  fail(name, " must be 0 or 1, not '", std::string(e), "'");
+}
+
+std::atomic<int> g_mma_override{-1}, g_expert_mma_override{-1};  // -1: follow the environment
+
+}  // namespace
+
+void set_mma(bool on) { g_mma_override.store(on ? 1 : 0); }
+
+bool mma_enabled() {
+  const int o = g_mma_override.load();
+  if (o >= 0) return o == 1;
+  static const int from_env = env_switch("KDTREE_CUDA_MMA");
+  return from_env == 1;
+}
+
+int64_t mma_min_rows() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("KDTREE_CUDA_MMA_MIN_ROWS");
+    if (e == nullptr || *e == '\0') return kMmaMinRows;
+    char* end = nullptr;
+    const long long n = std::strtoll(e, &end, 10);
+    if (*end != '\0' || n < 0) fail("KDTREE_CUDA_MMA_MIN_ROWS must be a row count ≥ 0, not '", std::string(e), "'");
+    return int64_t(n);
+  }();
+  return v;
+}
+
+bool mma_eligible(const DevMatrix& w) { return !w.int4 && w.rows >= mma_min_rows() && w.cols % 8 == 0; }
+
+bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
+                cudaStream_t s) {
+  if (!mma_enabled() || !mma_eligible(w)) return false;
+  if (M <= 0) return true;
+  if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
+  if (w.rows >= 4096)
+    dispatch_m<4>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    dispatch_m<8>(w, x, ldx, M, y, ldy, ep, s);
+  check_launch("linear (MMA)");
+  return true;
+}
+
+bool expert_mma_enabled() {
+  const int o = g_expert_mma_override.load();
+  if (o >= 0) return o == 1;
+  static const int from_env = env_switch("KDTREE_CUDA_MMA_EXPERTS");
+  return from_env == 1;
+}
+void set_expert_mma(bool on) { g_expert_mma_override.store(on ? 1 : 0); }
+
+bool expert_linear_mma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  if (!expert_mma_enabled() || !b.w.int4) return false;
+  if (b.max_active <= 0) return true;
+  if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA expert_linear (MMA): activations are not 16-byte aligned");
+  // 64 weight rows a block (the x split serves four 16-row tiles), K over 4 warps in runs of 4 groups.
+  constexpr int RT = 4, KS = 4, U = 4;
+  const dim3 grid(unsigned((b.w.rows + 16 * RT - 1) / (16 * RT)), unsigned(b.max_active));
+  mma_expert_kernel<RT, KS, U><<<grid, KS * 32, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+  check_launch("expert_linear (MMA)");
+  return true;
+}
+
+}  // namespace kd::cuda

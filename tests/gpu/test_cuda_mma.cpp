@@ -1,0 +1,275 @@
+// The tensor-core path of cuda::linear (mma.cu; bf16 weights, fp32 x split into three bf16 parts):
+// op parity against fp64 and a plain fp32 loop at K2's shapes (the flash-attention rule, DESIGN.md
+// §2), bitwise row invariance (every row of a batch == the same row alone, M = 1, for every token
+// tile variant and epilogue), the epilogues against the store output, and a timing printout of the
+// MMA path against the CUDA-core path (not asserted). Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_target.h"
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+
+#define REQUIRE_GPU() \
+  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
+
+namespace kd {
+namespace {
+
+using cuda::Epilogue;
+
+// Switches the MMA path for one scope and restores what was there (the suite may run with
+// KDTREE_CUDA_MMA=1 for the other tests).
+struct MmaScope {
+  bool before;
+  explicit MmaScope(bool on) : before(cuda::mma_enabled()) { cuda::set_mma(on); }
+  ~MmaScope() { cuda::set_mma(before); }
+  MmaScope(const MmaScope&) = delete;
+  MmaScope& operator=(const MmaScope&) = delete;
+};
+
+struct DevBuf {  // device memory freed on scope exit
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) { cuda::check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void up(const void* h, size_t bytes) { cuda::check(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload"); }
+};
+
+// A bf16 matrix [rows, cols] on the host and the device; N(0, 1/cols) entries.
+struct Matrix {
+  int64_t rows, cols;
+  std::vector<uint16_t> w;
+  DevBuf dw;
+  Matrix(int64_t r, int64_t c, std::mt19937& rng) : rows(r), cols(c), w(static_cast<size_t>(r * c)), dw(size_t(r * c) * 2) {
+    std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(c)));
+    for (auto& v : w) v = f32_to_bf16(nd(rng));
+    dw.up(w.data(), w.size() * 2);
+  }
+  cuda::DevMatrix dev() const {
+    cuda::DevMatrix d;
+    d.rows = rows;
+    d.cols = cols;
+    d.w = dw.p;
+    return d;
+  }
+};
+
+int64_t out_cols(const Matrix& a, Epilogue ep) { return ep == Epilogue::swiglu ? a.rows / 2 : a.rows; }
+
+// y [M, out_cols] = epilogue(x [M, cols] · wᵀ) through cuda::linear (whichever path is switched
+// on); y starts as y0 (add) or NaN (every output must be written).
+std::vector<float> run(const Matrix& a, const float* x, int64_t M, Epilogue ep, const float* y0 = nullptr) {
+  const int64_t ldy = out_cols(a, ep);
+  std::vector<float> y(static_cast<size_t>(M * ldy), std::nanf(""));
+  if (y0 != nullptr) std::copy(y0, y0 + M * ldy, y.begin());
+  DevBuf dx(size_t(M * a.cols) * 4), dy(y.size() * 4);
+  dx.up(x, size_t(M * a.cols) * 4);
+  dy.up(y.data(), y.size() * 4);
+  cuda::linear(a.dev(), static_cast<const float*>(dx.p), a.cols, M, static_cast<float*>(dy.p), ldy, ep, nullptr);
+  cuda::check(cudaDeviceSynchronize(), "linear");
+  cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
+  return y;
+}
+
+std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+// fp64 reference and the plain fp32 implementation (one running fp32 sum per output, k ascending).
+void references(const Matrix& a, const std::vector<float>& x, int64_t M, std::vector<double>& ref, std::vector<float>& plain) {
+  ref.assign(static_cast<size_t>(M * a.rows), 0.0);
+  plain.assign(static_cast<size_t>(M * a.rows), 0.0f);
+  std::vector<float> row(static_cast<size_t>(a.cols));
+  for (int64_t r = 0; r < a.rows; ++r) {
+    for (int64_t k = 0; k < a.cols; ++k) row[size_t(k)] = bf16_to_f32(a.w[size_t(r * a.cols + k)]);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = &x[size_t(m * a.cols)];
+      double d = 0;
+      float f = 0;
+      for (int64_t k = 0; k < a.cols; ++k) {
+        d += double(row[size_t(k)]) * double(xm[k]);
+        f += row[size_t(k)] * xm[k];
+      }
+      ref[size_t(m * a.rows + r)] = d;
+      plain[size_t(m * a.rows + r)] = f;
+    }
+  }
+}
+
+// ‖a − ref‖ / ‖ref‖ over the first n values.
+template <class T>
+double rel_err(const std::vector<T>& a, const std::vector<double>& ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// (a) Parity: the MMA path's error against fp64 is at most 2× the plain fp32 loop's, for every M.
+void check_parity(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const Matrix a(rows, cols, rng);
+  ASSERT_TRUE(cuda::mma_eligible(a.dev())) << rows << "x" << cols << " should take the MMA path (KDTREE_CUDA_MMA_MIN_ROWS?)";
+  const int64_t Mmax = 33;
+  const std::vector<float> x = normal_x(Mmax * cols, rng);
+  std::vector<double> ref;
+  std::vector<float> plain;
+  references(a, x, Mmax, ref, plain);
+  MmaScope on(true);
+  for (int64_t M : {1, 2, 5, 9, 17, 33}) {
+    const std::vector<float> y = run(a, x.data(), M, Epilogue::store);
+    for (float v : y) ASSERT_TRUE(std::isfinite(v)) << "unwritten or non-finite output at M = " << M;
+    const size_t n = size_t(M * rows);
+    const double e_mma = rel_err(y, ref, n), e_plain = rel_err(plain, ref, n);
+    std::printf("mma linear %lldx%lld M=%lld: MMA err %.3g, plain fp32 err %.3g\n", (long long)rows, (long long)cols,
+                (long long)M, e_mma, e_plain);
+    EXPECT_LE(e_mma, 2 * e_plain) << rows << "x" << cols << " M = " << M;
+  }
+  // The path really ran: its bits differ from the CUDA-core kernel's somewhere (other reduction order).
+  const std::vector<float> y_mma = run(a, x.data(), Mmax, Epilogue::store);
+  std::vector<float> y_core;
+  {
+    MmaScope off(false);
+    y_core = run(a, x.data(), Mmax, Epilogue::store);
+  }
+  EXPECT_NE(0, std::memcmp(y_mma.data(), y_core.data(), y_mma.size() * 4)) << "MMA switch had no effect";
+}
+
+TEST(CudaMma, ParityK2Shapes) {
+  REQUIRE_GPU();
+  check_parity(7168, 2048, 101);  // shared expert down (4 warps split K)
+  check_parity(2048, 7168, 102);  // 2048 rows × hidden (8 warps split K)
+  check_parity(7168, 1536, 103);  // q_b-like: K = q_lora
+}
+
+TEST(CudaMma, ParityRaggedShape) {
+  REQUIRE_GPU();
+  check_parity(1030, 1000, 104);  // a partial 16-row tile; K not a multiple of 32
+}
+
+// (b) + (c): every row of a batch == the row alone, bit for bit, for each epilogue and token tile
+// variant (8 / 16 / 24 / 32 rows, several tiles); add == y0 + store; swiglu == silu(g) · u of store.
+void check_invariance(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const Matrix a(rows, cols, rng);
+  const int64_t Mmax = 70;
+  const std::vector<float> x = normal_x(Mmax * cols, rng);
+  const std::vector<float> y0 = normal_x(Mmax * rows, rng);  // residual for the add epilogue
+  MmaScope on(true);
+  for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
+    const int64_t ldy = out_cols(a, ep);
+    std::vector<float> alone(static_cast<size_t>(Mmax * ldy));
+    for (int64_t m = 0; m < Mmax; ++m) {
+      const std::vector<float> y1 = run(a, &x[size_t(m * cols)], 1, ep, ep == Epilogue::add ? &y0[size_t(m * ldy)] : nullptr);
+      std::copy(y1.begin(), y1.end(), alone.begin() + m * ldy);
+    }
+    for (float v : alone) ASSERT_TRUE(std::isfinite(v));
+    for (int64_t M : {2, 8, 9, 16, 17, 24, 33, 70}) {
+      const std::vector<float> y = run(a, x.data(), M, ep, ep == Epilogue::add ? y0.data() : nullptr);
+      for (int64_t m = 0; m < M; ++m)
+        ASSERT_EQ(0, std::memcmp(&y[size_t(m * ldy)], &alone[size_t(m * ldy)], size_t(ldy) * 4))
+            << rows << "x" << cols << " epilogue " << int(ep) << ": row " << m << " of M = " << M << " differs from M = 1";
+    }
+  }
+  // The epilogues against the store output of the same rows.
+  const int64_t M = 17;
+  const std::vector<float> st = run(a, x.data(), M, Epilogue::store);
+  const std::vector<float> ad = run(a, x.data(), M, Epilogue::add, y0.data());
+  for (size_t i = 0; i < st.size(); ++i) {
+    const float want = y0[i] + st[i];  // one IEEE fp32 add, as the kernel's __fadd_rn
+    ASSERT_EQ(0, std::memcmp(&ad[i], &want, 4)) << "add epilogue at " << i;
+  }
+  const std::vector<float> sw = run(a, x.data(), M, Epilogue::swiglu);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < rows / 2; ++j) {
+      const float g = st[size_t(m * rows + 2 * j)], u = st[size_t(m * rows + 2 * j + 1)];
+      const float want = g / (1.0f + std::exp(-g)) * u;
+      ASSERT_NEAR(sw[size_t(m * (rows / 2) + j)], want, 4e-6f * std::fabs(want) + 1e-30f) << "swiglu row " << m << " j " << j;
+    }
+}
+
+TEST(CudaMma, RowInvarianceAndEpilogues) {
+  REQUIRE_GPU();
+  check_invariance(4096, 7168, 201);  // 4 warps split K, 32-row blocks for wide token tiles
+  check_invariance(1536, 7168, 202);  // q_a: 8 warps split K
+  check_invariance(1030, 1000, 203);  // ragged rows and K
+}
+
+// Narrow matrices take the MMA path only below KDTREE_CUDA_MMA_MIN_ROWS (run the suite with it at 0).
+TEST(CudaMma, NarrowShapesWhenEnabled) {
+  REQUIRE_GPU();
+  cuda::DevMatrix narrow;
+  narrow.rows = 13;
+  narrow.cols = 40;
+  if (!cuda::mma_eligible(narrow)) GTEST_SKIP() << "13-row matrices stay on the CUDA-core path (KDTREE_CUDA_MMA_MIN_ROWS unset)";
+  check_parity(13, 40, 105);
+  check_parity(576, 7168, 106);  // kv_a
+  check_invariance(13, 40, 204);
+  check_invariance(384, 7168, 205);  // router
+}
+
+// Timing printout (not asserted): one call, CUDA events, median of 21 after 3 warm-ups, MMA path vs
+// the CUDA-core path. Weights ≥ 4× L2 for the tall matrix (each call streams them from HBM).
+TEST(CudaMma, TimingPrintout) {
+  REQUIRE_GPU();
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape sh : {Shape{16384, 7168}, Shape{7168, 8192}, Shape{1536, 7168}}) {
+    cuda::DevMatrix d;
+    d.rows = sh.rows;
+    d.cols = sh.cols;
+    DevBuf dw(size_t(sh.rows * sh.cols) * 2), dx(size_t(64 * sh.cols) * 4), dy(size_t(64 * sh.rows) * 4);
+    cuda::fill_bf16(static_cast<uint16_t*>(dw.p), sh.rows * sh.cols, 1.0f / std::sqrt(float(sh.cols)), 7, nullptr);
+    cuda::fill_f32(static_cast<float*>(dx.p), 64 * sh.cols, -1.0f, 1.0f, 8, nullptr);
+    d.w = dw.p;
+    cudaEvent_t e0, e1;
+    cuda::check(cudaEventCreate(&e0), "event");
+    cuda::check(cudaEventCreate(&e1), "event");
+    const double gb = double(sh.rows * sh.cols) * 2 / 1e9;
+    std::printf("mma timing %lldx%lld bf16 (%.0f MB), median of 21:\n", (long long)sh.rows, (long long)sh.cols, gb * 1e3);
+    std::printf("   M | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
+    for (int64_t M : {1, 2, 4, 8, 17, 33}) {
+      double t[2];
+      for (int p = 0; p < 2; ++p) {
+        MmaScope mode(p == 1);
+        auto once = [&] {
+          cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr);
+        };
+        for (int i = 0; i < 3; ++i) once();
+        std::vector<float> ms;
+        for (int i = 0; i < 21; ++i) {
+          cuda::check(cudaEventRecord(e0, nullptr), "record");
+          once();
+          cuda::check(cudaEventRecord(e1, nullptr), "record");
+          cuda::check(cudaEventSynchronize(e1), "sync");
+          float v = 0;
+          cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
+          ms.push_back(v);
+        }
+        std::sort(ms.begin(), ms.end());
+        t[p] = ms[ms.size() / 2] * 1e3;  // µs
+      }
+      std::printf("%4lld | %12.1f %5.0f | %6.1f %5.0f | %.2f\n", (long long)M, t[0], gb / (t[0] * 1e-6), t[1],
+                  gb / (t[1] * 1e-6), t[1] / t[0]);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+}
+
+}  // namespace
+}  // namespace kd

@@ -1,0 +1,327 @@
+// The tensor-core path of cuda::expert_linear for INT4 g32 routed experts (mma.cu): parity against
+// fp64 and a plain fp32 loop over dequantised weights at K2's expert shapes (flash-attention rule),
+// bitwise invariance (a token's outputs in a batch == the token alone, whatever else its experts
+// serve and wherever it sits in an expert's token tiles), the epilogues, and a timing printout
+// against the CUDA-core kernel (not asserted). Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_target.h"
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+
+#define REQUIRE_GPU() \
+  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
+
+namespace kd {
+namespace {
+
+using cuda::Epilogue;
+
+struct ExpertMmaScope {  // switches the expert MMA path for one scope, restores it after
+  bool before;
+  explicit ExpertMmaScope(bool on) : before(cuda::expert_mma_enabled()) { cuda::set_expert_mma(on); }
+  ~ExpertMmaScope() { cuda::set_expert_mma(before); }
+  ExpertMmaScope(const ExpertMmaScope&) = delete;
+  ExpertMmaScope& operator=(const ExpertMmaScope&) = delete;
+};
+
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) { cuda::check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void up(const void* h, size_t bytes) { cuda::check(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload"); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+// E INT4 g32 experts [rows, cols] back to back (words: 8 LSB-first nibbles; bf16 scale per 32).
+struct Experts {
+  int64_t E, rows, cols;
+  std::vector<uint32_t> words;
+  std::vector<uint16_t> scales;
+  DevBuf dw, ds;
+  Experts(int64_t e, int64_t r, int64_t c, std::mt19937& rng)
+      : E(e), rows(r), cols(c), words(static_cast<size_t>(e * r * c / 8)), scales(static_cast<size_t>(e * r * c / 32)),
+        dw(words.size() * 4), ds(scales.size() * 2) {
+    std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(c)));
+    for (auto& v : words) v = uint32_t(rng());
+    for (auto& s : scales) s = f32_to_bf16(nd(rng) / 4.0f);
+    dw.up(words.data(), words.size() * 4);
+    ds.up(scales.data(), scales.size() * 2);
+  }
+  float weight(int64_t e, int64_t r, int64_t k) const {  // (n − 8) · scale, exact in fp32
+    const uint32_t q = words[size_t((e * rows + r) * (cols / 8) + k / 8)];
+    const int n = int((q >> (4 * (k % 8))) & 15u);
+    return float(n - 8) * bf16_to_f32(scales[size_t((e * rows + r) * (cols / 32) + k / 32)]);
+  }
+};
+
+// Token i of n goes to experts choice[i] (distinct); entries grouped by expert ascending, tokens
+// ascending inside (as dispatch() builds them); entry (i, k) reads x row i, writes y row i·K + k.
+struct Routing {
+  int64_t n, K;
+  std::vector<std::vector<int32_t>> choice;
+};
+
+// y [n·K, ldy] via cuda::expert_linear (whichever path is switched on); NaN-poisoned, or y0 (add).
+std::vector<float> run(const Experts& ex, const Routing& rt, const float* x, Epilogue ep, const float* y0 = nullptr) {
+  const int64_t ldy = ep == Epilogue::swiglu ? ex.rows / 2 : ex.rows;
+  std::vector<int32_t> act_expert, act_off, act_cnt, in_row, out_row;
+  for (int32_t e = 0; e < int32_t(ex.E); ++e) {
+    const int32_t off = int32_t(in_row.size());
+    for (int64_t i = 0; i < rt.n; ++i)
+      for (int64_t k = 0; k < rt.K; ++k)
+        if (rt.choice[size_t(i)][size_t(k)] == e) {
+          in_row.push_back(int32_t(i));
+          out_row.push_back(int32_t(i * rt.K + k));
+        }
+    if (int32_t(in_row.size()) > off) {
+      act_expert.push_back(e);
+      act_off.push_back(off);
+      act_cnt.push_back(int32_t(in_row.size()) - off);
+    }
+  }
+  const int32_t n_active = int32_t(act_expert.size());
+  DevBuf dn(4), dae(act_expert.size() * 4), dao(act_off.size() * 4), dac(act_cnt.size() * 4), din(in_row.size() * 4),
+      dout(out_row.size() * 4);
+  dn.up(&n_active, 4);
+  dae.up(act_expert.data(), act_expert.size() * 4);
+  dao.up(act_off.data(), act_off.size() * 4);
+  dac.up(act_cnt.data(), act_cnt.size() * 4);
+  din.up(in_row.data(), in_row.size() * 4);
+  dout.up(out_row.data(), out_row.size() * 4);
+  std::vector<float> y(static_cast<size_t>(rt.n * rt.K * ldy), std::nanf(""));
+  if (y0 != nullptr) std::copy(y0, y0 + y.size(), y.begin());
+  DevBuf dx(size_t(rt.n * ex.cols) * 4), dy(y.size() * 4);
+  dx.up(x, size_t(rt.n * ex.cols) * 4);
+  dy.up(y.data(), y.size() * 4);
+  cuda::ExpertBatch b;
+  b.w.rows = ex.rows;
+  b.w.cols = ex.cols;
+  b.w.int4 = true;
+  b.w.w = ex.dw.p;
+  b.w.scales = ex.ds.as<uint16_t>();
+  b.w_stride_bytes = ex.rows * ex.cols / 2;
+  b.scale_stride_elems = ex.rows * ex.cols / 32;
+  b.n_active = dn.as<int32_t>();
+  b.act_expert = dae.as<int32_t>();
+  b.act_off = dao.as<int32_t>();
+  b.act_cnt = dac.as<int32_t>();
+  b.in_row = din.as<int32_t>();
+  b.out_row = dout.as<int32_t>();
+  b.max_active = ex.E;
+  b.max_rows_per_expert = rt.n;
+  cuda::expert_linear(b, dx.as<float>(), ex.cols, dy.as<float>(), ldy, ep, nullptr);
+  cuda::check(cudaDeviceSynchronize(), "expert_linear");
+  cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
+  return y;
+}
+
+// Token i: expert 0 always (so it serves every token: several 8-token tiles), plus K − 1 others.
+Routing make_routing(int64_t n, int64_t K, int64_t E, std::mt19937& rng) {
+  Routing r{n, K, {}};
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> ids;
+    for (int32_t e = 1; e < int32_t(E); ++e) ids.push_back(e);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> c = {0};
+    for (int64_t k = 1; k < K; ++k) c.push_back(ids[size_t(k - 1)]);
+    r.choice.push_back(c);
+  }
+  return r;
+}
+
+std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+void check_experts(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t E = 4, K = 2, n = 19;  // expert 0 serves 19 tokens: tiles of 8, 8, 3
+  const Experts ex(E, rows, cols, rng);
+  const Routing rt = make_routing(n, K, E, rng);
+  const std::vector<float> x = normal_x(n * cols, rng);
+  ExpertMmaScope on(true);
+
+  // (a) parity of the store output against fp64 and the plain fp32 loop.
+  const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store);
+  std::vector<double> ref(y.size());
+  std::vector<float> plain(y.size());
+  std::vector<float> wrow(static_cast<size_t>(cols));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) wrow[size_t(c)] = ex.weight(e, r, c);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < K; ++k) {
+          if (rt.choice[size_t(i)][size_t(k)] != e) continue;
+          double d = 0;
+          float f = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            d += double(wrow[size_t(c)]) * double(x[size_t(i * cols + c)]);
+            f += wrow[size_t(c)] * x[size_t(i * cols + c)];
+          }
+          ref[size_t((i * K + k) * rows + r)] = d;
+          plain[size_t((i * K + k) * rows + r)] = f;
+        }
+    }
+  double num = 0, den = 0, nump = 0;
+  for (size_t j = 0; j < y.size(); ++j) {
+    ASSERT_TRUE(std::isfinite(y[j])) << "unwritten or non-finite output at " << j;
+    num += (double(y[j]) - ref[j]) * (double(y[j]) - ref[j]);
+    nump += (double(plain[j]) - ref[j]) * (double(plain[j]) - ref[j]);
+    den += ref[j] * ref[j];
+  }
+  const double e_mma = std::sqrt(num / den), e_plain = std::sqrt(nump / den);
+  std::printf("mma experts INT4 %lldx%lld, %lld tokens x %lld: MMA err %.3g, plain fp32 err %.3g\n", (long long)rows,
+              (long long)cols, (long long)n, (long long)K, e_mma, e_plain);
+  EXPECT_LE(e_mma, 2 * e_plain);
+  {
+    ExpertMmaScope off(false);
+    const std::vector<float> y_core = run(ex, rt, x.data(), Epilogue::store);
+    EXPECT_NE(0, std::memcmp(y.data(), y_core.data(), y.size() * 4)) << "expert MMA switch had no effect";
+  }
+
+  // (b) + (c): each token alone (one row an expert, the decode shape) == its rows in the batch, for
+  // every epilogue; add == y0 + store bit for bit; swiglu == silu(g) · u of store.
+  const std::vector<float> y0 = normal_x(n * K * rows, rng);
+  for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
+    const int64_t ldy = ep == Epilogue::swiglu ? rows / 2 : rows;
+    const std::vector<float> yb = run(ex, rt, x.data(), ep, ep == Epilogue::add ? y0.data() : nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      const Routing one{1, K, {rt.choice[size_t(i)]}};
+      const std::vector<float> y1 =
+          run(ex, one, &x[size_t(i * cols)], ep, ep == Epilogue::add ? &y0[size_t(i * K * ldy)] : nullptr);
+      ASSERT_EQ(0, std::memcmp(y1.data(), &yb[size_t(i * K * ldy)], size_t(K * ldy) * 4))
+          << rows << "x" << cols << " epilogue " << int(ep) << ": token " << i << " alone differs from the batch";
+    }
+    if (ep == Epilogue::add)
+      for (size_t j = 0; j < yb.size(); ++j) {
+        const float want = y0[j] + y[j];
+        ASSERT_EQ(0, std::memcmp(&yb[j], &want, 4)) << "add epilogue at " << j;
+      }
+    if (ep == Epilogue::swiglu)
+      for (int64_t s = 0; s < n * K; ++s)
+        for (int64_t j = 0; j < rows / 2; ++j) {
+          const float g = y[size_t(s * rows + 2 * j)], u = y[size_t(s * rows + 2 * j + 1)];
+          const float want = g / (1.0f + std::exp(-g)) * u;
+          ASSERT_NEAR(yb[size_t(s * ldy + j)], want, 4e-6f * std::fabs(want) + 1e-30f) << "swiglu slot " << s << " j " << j;
+        }
+  }
+}
+
+TEST(CudaMmaExperts, ParityInvarianceEpiloguesK2Shapes) {
+  REQUIRE_GPU();
+  check_experts(4096, 7168, 301);  // gate/up interleaved: 2 × moe_intermediate × hidden
+  check_experts(7168, 2048, 302);  // down
+}
+
+TEST(CudaMmaExperts, OddRowCount) {
+  REQUIRE_GPU();
+  check_experts(102, 96, 303);  // a partial 64-row block and partial 16-row tiles
+}
+
+// Timing printout (not asserted): one gate/up launch over K2's 384 experts (4096 × 7168 INT4 each,
+// 5.6 GB), n tokens routed uniformly at random top-8, CUDA events, median of 21 after 3 warm-ups.
+TEST(CudaMmaExperts, TimingPrintout) {
+  REQUIRE_GPU();
+  const int64_t E = 384, rows = 4096, cols = 7168, K = 8;
+  const int64_t wbytes = rows * cols / 2, sbytes = rows * (cols / 32) * 2;
+  DevBuf dw(size_t(E * wbytes)), ds(size_t(E * sbytes)), dx(size_t(64 * cols) * 4), dy(size_t(64 * K * rows / 2) * 4);
+  cuda::fill_words(dw.as<uint32_t>(), E * wbytes / 4, 11, nullptr);
+  cuda::fill_bf16(ds.as<uint16_t>(), E * sbytes / 2, 0.01f, 12, nullptr);
+  cuda::fill_f32(dx.as<float>(), 64 * cols, -1.0f, 1.0f, 13, nullptr);
+  std::mt19937 rng(14);
+  std::printf("mma experts timing: gate/up 4096x7168 INT4 g32, 384 experts, top-8, median of 21:\n");
+  std::printf("   n | experts | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
+  cudaEvent_t e0, e1;
+  cuda::check(cudaEventCreate(&e0), "event");
+  cuda::check(cudaEventCreate(&e1), "event");
+  for (int64_t n : {1, 2, 4, 8, 17, 33}) {
+    std::vector<std::vector<int32_t>> choice;
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int32_t> ids(static_cast<size_t>(E));
+      for (int32_t e = 0; e < int32_t(E); ++e) ids[size_t(e)] = e;
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(size_t(K));
+      choice.push_back(ids);
+    }
+    std::vector<int32_t> act_expert, act_off, act_cnt, in_row, out_row;
+    for (int32_t e = 0; e < int32_t(E); ++e) {
+      const int32_t off = int32_t(in_row.size());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < K; ++k)
+          if (choice[size_t(i)][size_t(k)] == e) {
+            in_row.push_back(int32_t(i));
+            out_row.push_back(int32_t(i * K + k));
+          }
+      if (int32_t(in_row.size()) > off) {
+        act_expert.push_back(e);
+        act_off.push_back(off);
+        act_cnt.push_back(int32_t(in_row.size()) - off);
+      }
+    }
+    const int32_t n_active = int32_t(act_expert.size());
+    DevBuf dn(4), dae(act_expert.size() * 4), dao(act_off.size() * 4), dac(act_cnt.size() * 4), din(in_row.size() * 4),
+        dout(out_row.size() * 4);
+    dn.up(&n_active, 4);
+    dae.up(act_expert.data(), act_expert.size() * 4);
+    dao.up(act_off.data(), act_off.size() * 4);
+    dac.up(act_cnt.data(), act_cnt.size() * 4);
+    din.up(in_row.data(), in_row.size() * 4);
+    dout.up(out_row.data(), out_row.size() * 4);
+    cuda::ExpertBatch b;
+    b.w.rows = rows;
+    b.w.cols = cols;
+    b.w.int4 = true;
+    b.w.w = dw.p;
+    b.w.scales = ds.as<uint16_t>();
+    b.w_stride_bytes = wbytes;
+    b.scale_stride_elems = sbytes / 2;
+    b.n_active = dn.as<int32_t>();
+    b.act_expert = dae.as<int32_t>();
+    b.act_off = dao.as<int32_t>();
+    b.act_cnt = dac.as<int32_t>();
+    b.in_row = din.as<int32_t>();
+    b.out_row = dout.as<int32_t>();
+    b.max_active = std::min(E, n * K);
+    b.max_rows_per_expert = n;
+    const double gb = double(n_active) * double(wbytes + sbytes) / 1e9;
+    double t[2];
+    for (int p = 0; p < 2; ++p) {
+      ExpertMmaScope mode(p == 1);
+      auto once = [&] { cuda::expert_linear(b, dx.as<float>(), cols, dy.as<float>(), rows / 2, Epilogue::swiglu, nullptr); };
+      for (int i = 0; i < 3; ++i) once();
+      std::vector<float> ms;
+      for (int i = 0; i < 21; ++i) {
+        cuda::check(cudaEventRecord(e0, nullptr), "record");
+        once();
+        cuda::check(cudaEventRecord(e1, nullptr), "record");
+        cuda::check(cudaEventSynchronize(e1), "sync");
+        float v = 0;
+        cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
+        ms.push_back(v);
+      }
+      std::sort(ms.begin(), ms.end());
+      t[p] = ms[ms.size() / 2] * 1e3;
+    }
+    std::printf("%4lld | %7d | %12.1f %5.0f | %6.1f %5.0f | %.2f\n", (long long)n, n_active, t[0], gb / (t[0] * 1e-6), t[1],
+                gb / (t[1] * 1e-6), t[1] / t[0]);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
+}  // namespace kd
