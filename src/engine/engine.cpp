@@ -77,7 +77,7 @@ struct Engine::Impl {
   bool schedule(EngineSeq& s, SeqForward& f);
   void post(EngineSeq& s);
   bool commit_token(EngineSeq& s, int32_t tok, const float* lg);
-  void publish_prompt_blocks(EngineSeq& s);
+  void publish_blocks(EngineSeq& s);
   void ensure_rows(EngineSeq& s, int64_t rows);
   void emit(EngineSeq& s);
   void finish(EngineSeq& s, const std::string& reason, const std::string& error = "");
@@ -283,11 +283,17 @@ bool Engine::Impl::commit_token(EngineSeq& s, int32_t tok, const float* lg) {
   return s.ev.finish_reason.empty();
 }
 
-// Offers the prompt's newly completed full blocks to the prefix cache.
-void Engine::Impl::publish_prompt_blocks(EngineSeq& s) {
+// Offers the sequence's newly completed full blocks to the prefix cache: the prompt's, and — where
+// a generated row's latent is bit-identical to what a prefill of the same tokens would write (the
+// decode form is the target's prefill form: on the GPU, absorbed throughout) — the generated
+// ones too, so an agent's next turn (this prompt + this answer + more) reuses the answer's KV.
+// On the CPU, prompts prefill in the expanded form and decode rows are absorbed: their bits differ,
+// so only prompt blocks are published there (a hit must not change the output).
+void Engine::Impl::publish_blocks(EngineSeq& s) {
   if (!opt.prefix_cache) return;
   const int64_t kb = pool.block_tokens();
-  const int64_t full = std::min(s.n_kv, s.lim.n_prompt) / kb;
+  const bool generated_ok = s.req.gen.decode_form == target.prefill_form();
+  const int64_t full = (generated_ok ? s.n_kv : std::min(s.n_kv, s.lim.n_prompt)) / kb;
   for (; s.n_published < full; ++s.n_published) {
     const int64_t j = s.n_published;
     const int32_t* ids = s.tokens.data() + j * kb;
@@ -306,8 +312,8 @@ void Engine::Impl::post(EngineSeq& s) {
   if (!s.round) {
     s.n_kv += s.step_rows;
     const bool prefill = s.next < 0;
+    publish_blocks(s);
     if (prefill) {
-      publish_prompt_blocks(s);
       if (s.drafter) s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
     }
     if (!s.step_logits) return;
@@ -336,6 +342,7 @@ void Engine::Impl::post(EngineSeq& s) {
   if (!s.ev.finish_reason.empty()) return;
   target.keep_rows(pool.view(s.blocks), start, path);
   s.n_kv = start + tau;
+  publish_blocks(s);
   const int64_t hid = target.config().hidden_size, width = s.n_taps * hid;
   std::vector<float> acc(static_cast<size_t>(tau * width));
   for (int64_t k = 0; k < tau && width; ++k)

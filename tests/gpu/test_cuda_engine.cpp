@@ -218,6 +218,46 @@ TEST(CudaEngine, PrefixCacheHitsKeepOutputsBitwise) {
   EXPECT_GT(cached, 0);
 }
 
+// An agent's next turn (last prompt + its answer + more): on the GPU decode rows are absorbed like
+// prefill rows, bit for bit, so the answer's full blocks are published and hit too.
+TEST(CudaEngine, NextTurnReusesTheAnswerBitwise) {
+  REQUIRE_GPU();
+  const DeepseekV3& m = model_of("k2-int4");
+  Case t1;
+  t1.prompt = prompt_of(m.config(), 13, 2);
+  t1.gen.max_new_tokens = 16;
+  t1.gen.ignore_eos = true;
+  t1.gen.keep_logits = true;
+  CudaTarget gpu(m, 1);
+  std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+  EngineOptions opt;
+  opt.context = 256;
+  opt.kv_block = 4;
+  Engine eng(*t, opt);
+  Sink sink;
+  EngineRequest r1;
+  r1.prompt = t1.prompt;
+  r1.gen = t1.gen;
+  r1.on_event = sink.callback(0);
+  eng.submit(std::move(r1));
+  sink.wait_done(1);
+  Case t2 = t1;
+  const std::vector<int32_t> answer = sink.get(0).ids;
+  t2.prompt.insert(t2.prompt.end(), answer.begin(), answer.end());
+  t2.prompt.push_back(3);
+  t2.prompt.push_back(5);
+  EngineRequest r2;
+  r2.prompt = t2.prompt;
+  r2.gen = t2.gen;
+  r2.on_event = sink.callback(1);
+  eng.submit(std::move(r2));
+  sink.wait_done(2);
+  const std::vector<GenerateResult> ref = reference(m, {t1, t2});
+  expect_equal(sink.get(0), ref[0], "turn 1");
+  expect_equal(sink.get(1), ref[1], "turn 2");
+  EXPECT_EQ(sink.get(1).stats.n_cached, 28) << "13 + 16 − 1 rows had latents: 7 blocks of 4";
+}
+
 // A random DFlash drafter (make-model --drafter-for) drafting on the GPU for each sequence; every
 // sequence's tree verified in one batched forward: output == AR bit for bit (tokens and logits).
 TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {

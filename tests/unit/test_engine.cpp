@@ -255,6 +255,51 @@ TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutputs) {
   EXPECT_GT(mt.kv_blocks_cached, 0);
 }
 
+// An agent's next turn: the prompt is the last turn's prompt + its answer + more. Where decode rows
+// are bit-identical to prefill rows (decode form == the target's prefill form: expanded on the
+// CPU), the answer's full blocks are published too and the next turn hits them; with the default
+// absorbed decode on the CPU they are not (their bits differ from a prefill's), and only the
+// prompt's blocks hit. Either way the output equals generate_ar.
+TEST(Engine, NextTurnReusesTheAnswerWhenDecodeRowsMatchPrefill) {
+  const DeepseekV3& m = fixture_model("k2-bf16");
+  const ModelConfig& c = m.config();
+  for (AttnForm form : {AttnForm::expanded, AttnForm::absorbed}) {
+    EngineOptions opt;
+    opt.context = 256;
+    opt.kv_block = 4;
+    Engine eng(m, opt);
+    Sink sink;
+    Case t1;
+    t1.prompt = make_prompt(c, 13, 2);
+    t1.gen.max_new_tokens = 16;
+    t1.gen.ignore_eos = true;
+    t1.gen.keep_logits = true;
+    t1.gen.decode_form = form;
+    EngineRequest r1;
+    r1.prompt = t1.prompt;
+    r1.gen = t1.gen;
+    r1.on_event = sink.callback(0);
+    eng.submit(std::move(r1));
+    sink.wait_done(1);
+    expect_equal_to_ar(m, t1, sink.get(0), "turn 1");
+    Case t2 = t1;
+    const std::vector<int32_t> answer = sink.get(0).ids;
+    t2.prompt.insert(t2.prompt.end(), answer.begin(), answer.end());  // 13 + 16 = 29 tokens
+    t2.prompt.push_back(3);
+    t2.prompt.push_back(5);  // 31 tokens: 7 full blocks before the last token
+    EngineRequest r2;
+    r2.prompt = t2.prompt;
+    r2.gen = t2.gen;
+    r2.on_event = sink.callback(1);
+    eng.submit(std::move(r2));
+    sink.wait_done(2);
+    expect_equal_to_ar(m, t2, sink.get(1), "turn 2");
+    // Rows with latents after turn 1: 13 + 16 − 1 = 28 (the last answer token never ran) → 7 blocks.
+    const bool expanded = form == AttnForm::expanded;
+    EXPECT_EQ(sink.get(1).stats.n_cached, expanded ? 28 : 12) << (expanded ? "expanded" : "absorbed");
+  }
+}
+
 TEST(Engine, PrefixCacheEvictsUnderPressureAndStaysCorrect) {
   // A pool of 14 blocks of 4: two running requests reserve ceil((prompt + 6) / 4) = 6 blocks
   // each, so cached blocks of earlier prompts are evicted for later ones; prompts with salt 0 come
