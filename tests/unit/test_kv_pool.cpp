@@ -85,5 +85,19 @@ TEST(KvPool, EvictsLeastRecentlyUsedAndStaleChildrenMiss) {
   pool.release(x);
 }
 
+// A device target's pool (host_storage = false): the same bookkeeping, views carry the block
+// table only, and the CPU forward refuses such a view by name instead of dereferencing nothing.
+TEST(KvPool, WithoutHostStorageViewsCarryBlockIdsOnly) {
+  KvPool pool(3, 8, 4, 5, /*host_storage=*/false);
+  const int32_t a = pool.allocate(), b = pool.allocate();
+  const KvView v = pool.view({b, a});
+  EXPECT_TRUE(v.ptrs.empty());
+  EXPECT_EQ(v.blocks, (std::vector<int32_t>{b, a}));
+  EXPECT_EQ(v.capacity(), 8);
+  pool.release(a);
+  pool.release(b);
+  EXPECT_EQ(pool.n_available(), 5);
+}
+
 }  // namespace
 }  // namespace kd
