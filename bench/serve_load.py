@@ -4,7 +4,7 @@ with and without a prefix-cache hit on a long shared prefix.
 
   build/venv-test/bin/python bench/serve_load.py [--bin build/release/kdtree] [--preset small]
       [--concurrency 1,2,4,8,16,32,64] [--max-tokens 32] [--parallel 16] [--url http://host:port]
-      [--draft [DIR]] [--budget N] [--no-prefix-test]
+      [--draft [DIR]] [--budget N] [--no-prefix-test] [--device cpu|cuda]
 
 --draft serves with DDTree speculation: DIR is a DFlash drafter checkpoint; without DIR one is made
 for the model (`kdtree make-model --drafter-for MODEL --seed 0`: random weights, so its acceptance
@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=48)
     ap.add_argument("--requests", type=int, default=0, help="per level (default: max(8, 2 × concurrency))")
     ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--device", default="cpu", help="the server's --device (cpu or cuda)")
     ap.add_argument("--prefix-words", type=int, default=300)
     ap.add_argument("--prefix-reps", type=int, default=3)
     ap.add_argument("--no-prefix-test", action="store_true", help="skip the prefix-cache TTFT measurement")
@@ -192,7 +193,7 @@ def main() -> None:
             spec = ["--draft", str(draft)] + (["--budget", str(a.budget)] if a.budget else [])
         log = tmp / "serve.log"
         proc = subprocess.Popen([a.bin, "serve", "-m", str(model), "--port", "0", "--parallel", str(a.parallel),
-                                 "--max-queue", "1024", "-c", "8192", *spec], stderr=open(log, "w"))
+                                 "--max-queue", "1024", "-c", "8192", "--device", a.device, *spec], stderr=open(log, "w"))
         port = None
         for _ in range(600):
             m = re.search(r"listening on http://[^:]+:(\d+)", log.read_text())
@@ -210,7 +211,7 @@ def main() -> None:
     try:
         decoding = f"DDTree ({a.draft}{f', budget {a.budget}' if a.budget else ''})" if a.draft else "AR"
         print(f"# kdtree serve load — preset {a.preset}, {a.max_tokens} new tokens/request, ~{a.prompt_words}-word "
-              f"prompts, --parallel {a.parallel}, {decoding}, {os.cpu_count()} CPUs\n")
+              f"prompts, --parallel {a.parallel}, {decoding}, --device {a.device}, {os.cpu_count()} CPUs\n")
         print("| concurrency | requests | tok/s | req/s | TTFT p50 ms | p90 | p99 | TPOT p50 ms | p90 | p99 |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         t.stream({"prompt": "warm up", "max_tokens": 4, "ignore_eos": True})
