@@ -120,8 +120,8 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
   nlohmann::ordered_json levels = nlohmann::ordered_json::array();
   std::printf("device: %s; %s; prompts of %lld tokens, %lld new tokens each (greedy)\n", cuda_device_name().c_str(), label.c_str(),
               (long long)o.n_prompt, (long long)o.n_gen);
-  std::printf("| concurrency | requests | tok/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |\n"
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| concurrency | requests | tok/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms | steps | ms/step | "
+              "forward ms/step | rows/step |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int64_t C : o.serve) {
     EngineOptions eo;
     eo.n_parallel = C;
@@ -135,7 +135,10 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
     const int64_t R = std::max<int64_t>(8, 2 * C);
     std::vector<std::vector<int32_t>> ps;
     for (int64_t k = 0; k < R; ++k) ps.push_back(prompt());
+    const EngineMetrics m0 = eng.metrics();
     const std::vector<Timing> tm = run_level(eng, ps, o.n_gen);
+    const EngineMetrics m1 = eng.metrics();
+    const double steps = double(m1.steps - m0.steps), fwd_ms = (m1.forward_seconds - m0.forward_seconds) * 1e3;
     double t0 = tm[0].submit, t1 = 0;
     int64_t tokens = 0;
     std::vector<double> ttft, tpot;
@@ -147,11 +150,13 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
       if (x.tokens > 1) tpot.push_back((x.done - x.first) * 1e3 / double(x.tokens - 1));
     }
     const double tps = double(tokens) / (t1 - t0);
-    std::printf("| %lld | %lld | %.1f | %.1f | %.1f | %.2f | %.2f |\n", (long long)C, (long long)R, tps, pct(ttft, 0.5), pct(ttft, 0.9),
-                pct(tpot, 0.5), pct(tpot, 0.9));
+    std::printf("| %lld | %lld | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f | %.2f | %.2f | %.1f |\n", (long long)C, (long long)R, tps,
+                pct(ttft, 0.5), pct(ttft, 0.9), pct(tpot, 0.5), pct(tpot, 0.9), steps,
+                (m1.step_seconds - m0.step_seconds) * 1e3 / steps, fwd_ms / steps, double(m1.forward_rows - m0.forward_rows) / steps);
     std::fflush(stdout);
     levels.push_back({{"concurrency", C}, {"requests", R}, {"tokens_per_s", tps}, {"ttft_p50_ms", pct(ttft, 0.5)},
-                      {"ttft_p90_ms", pct(ttft, 0.9)}, {"tpot_p50_ms", pct(tpot, 0.5)}, {"tpot_p90_ms", pct(tpot, 0.9)}});
+                      {"ttft_p90_ms", pct(ttft, 0.9)}, {"tpot_p50_ms", pct(tpot, 0.5)}, {"tpot_p90_ms", pct(tpot, 0.9)}, {"steps", steps},
+                      {"forward_ms_per_step", fwd_ms / steps}});
   }
 
   // Prefix cache: the same prompt twice on an idle engine; the second prefills only its last

@@ -441,9 +441,15 @@ void Engine::Impl::step() {
     batch.push_back(std::move(f));
     in_batch.push_back(&s);
   }
+  const double t_step = now_s();
+  double t_fwd = 0;
+  int64_t rows = 0;
+  for (const SeqForward& f : batch) rows += f.args.n;
   if (!batch.empty()) {
     try {
+      const double t0 = now_s();
       target.forward_batch(batch);
+      t_fwd = now_s() - t0;
       for (EngineSeq* s : in_batch) {
         try {
           post(*s);
@@ -462,6 +468,11 @@ void Engine::Impl::step() {
   {
     std::lock_guard<std::mutex> lk(mu);
     ++m.steps;
+    if (!batch.empty()) {
+      m.step_seconds += now_s() - t_step;
+      m.forward_seconds += t_fwd;
+      m.forward_rows += uint64_t(rows);
+    }
   }
   for (auto& sp : running) {
     EngineSeq& s = *sp;

@@ -100,6 +100,9 @@ struct EngineMetrics {
   uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;  // hit rate = hit / query
   uint64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;
   uint64_t steps = 0;
+  double step_seconds = 0;     // engine thread time in steps that ran a forward
+  double forward_seconds = 0;  // … of which the target's forward_batch
+  uint64_t forward_rows = 0;   // rows over all those forwards
 };
 
 // submit() when the waiting queue already holds max_queue requests (the server answers 503 with
