@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "engine/sequence.h"
 #include "kv/paged_kv.h"
 #include "sample/rng.h"
@@ -75,7 +76,8 @@ struct Engine::Impl {
   bool try_reserve(EngineSeq& s);
   void admit();
   bool schedule(EngineSeq& s, SeqForward& f);
-  void post(EngineSeq& s);
+  void post_sample(EngineSeq& s);
+  void post_kv(EngineSeq& s);
   bool commit_token(EngineSeq& s, int32_t tok, const float* lg);
   void publish_blocks(EngineSeq& s);
   void ensure_rows(EngineSeq& s, int64_t rows);
@@ -225,6 +227,8 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
   const ModelConfig& c = target.config();
   ForwardArgs& a = f.args;
   s.step_logits = true;
+  s.step_prefill = s.next < 0;
+  s.post_failed = false;
   s.round.reset();
   if (s.next < 0) {
     // Prefill chunk in the target's prefill form (the CPU: expanded MLA, as generate_ar's prefill;
@@ -303,50 +307,56 @@ void Engine::Impl::publish_blocks(EngineSeq& s) {
   }
 }
 
-void Engine::Impl::post(EngineSeq& s) {
+// Sampling, the accept walk and the tokens' events: per sequence only, so the sequences of a step
+// run this in parallel (drawing from K2's 163,840 logits costs ~1 ms a token on the host).
+void Engine::Impl::post_sample(EngineSeq& s) {
   const SamplingParams& sp = s.req.gen.sampling;
   const uint64_t seq_id = s.req.gen.seq_id;
   auto choose = [&](const float* lg, int64_t pos) {
     return sample(lg, int32_t(V), sp, position_uniform(sp.seed, seq_id, uint64_t(pos)));
   };
   if (!s.round) {
-    s.n_kv += s.step_rows;
-    const bool prefill = s.next < 0;
-    publish_blocks(s);
-    if (prefill) {
-      if (s.drafter) s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
-    }
     if (!s.step_logits) return;
     // The token at position tokens.size(), exactly as generate_ar draws it.
     const int32_t tok = choose(s.logits.data(), int64_t(s.tokens.size()));
-    if (prefill) s.t_first = now_s();
+    if (s.step_prefill) s.t_first = now_s();
     if (commit_token(s, tok, s.logits.data())) s.next = tok;
     return;
   }
-  // DDTree round: walk, keep the accepted rows (compacted into place), feed their taps on.
+  // DDTree round: walk the tree against the target's logits, committing as it goes.
   const DraftTree& tree = s.round->tree;
-  const int64_t start = s.n_kv;
-  const std::vector<int32_t> path = accept_walk(
-      tree, s.logits.data(), V, start, choose, [&](int32_t tok, const float* lg) { return commit_token(s, tok, lg); },
+  s.path = accept_walk(
+      tree, s.logits.data(), V, s.n_kv, choose, [&](int32_t tok, const float* lg) { return commit_token(s, tok, lg); },
       &s.next);
-  const int64_t tau = int64_t(path.size());
+  const int64_t tau = int64_t(s.path.size());
   ++s.stats.rounds;
   s.stats.drafted += tree.size() - 1;
   s.stats.accepted += tau - 1;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    ++m.spec_rounds;
-    m.spec_drafted += uint64_t(tree.size() - 1);
-    m.spec_accepted += uint64_t(tau - 1);
+  std::lock_guard<std::mutex> lk(mu);
+  ++m.spec_rounds;
+  m.spec_drafted += uint64_t(tree.size() - 1);
+  m.spec_accepted += uint64_t(tau - 1);
+}
+
+// The KV side of a step (serial: the pool, the target and the drafters are the engine thread's):
+// commit the rows, keep a DDTree round's accepted rows (compacted into place), publish full
+// blocks, feed the drafter.
+void Engine::Impl::post_kv(EngineSeq& s) {
+  if (!s.round) {
+    s.n_kv += s.step_rows;
+    publish_blocks(s);
+    if (s.step_prefill && s.drafter) s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
+    return;
   }
   if (!s.ev.finish_reason.empty()) return;
-  target.keep_rows(pool.view(s.blocks), start, path);
+  const int64_t start = s.n_kv, tau = int64_t(s.path.size());
+  target.keep_rows(pool.view(s.blocks), start, s.path);
   s.n_kv = start + tau;
   publish_blocks(s);
   const int64_t hid = target.config().hidden_size, width = s.n_taps * hid;
   std::vector<float> acc(static_cast<size_t>(tau * width));
   for (int64_t k = 0; k < tau && width; ++k)
-    std::copy_n(&s.taps[size_t(path[size_t(k)] * width)], width, &acc[size_t(k * width)]);
+    std::copy_n(&s.taps[size_t(s.path[size_t(k)] * width)], width, &acc[size_t(k * width)]);
   s.drafter->append_context(width ? acc.data() : nullptr, tau);
 }
 
@@ -450,9 +460,22 @@ void Engine::Impl::step() {
       const double t0 = now_s();
       target.forward_batch(batch);
       t_fwd = now_s() - t0;
+      ThreadPool::global().parallel_for(int64_t(in_batch.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          EngineSeq& q = *in_batch[size_t(i)];
+          try {
+            post_sample(q);
+          } catch (const std::exception& ex) {
+            q.ev.finish_reason = "error";
+            q.ev.error = ex.what();
+            q.post_failed = true;
+          }
+        }
+      });
       for (EngineSeq* s : in_batch) {
+        if (s->post_failed) continue;
         try {
-          post(*s);
+          post_kv(*s);
         } catch (const std::exception& e) {
           s->ev.finish_reason = "error";
           s->ev.error = e.what();

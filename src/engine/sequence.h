@@ -31,6 +31,9 @@ struct EngineSeq {
 
   // This step's work.
   int64_t step_rows = 0;          // rows in the forward (0: not in this step)
+  bool step_prefill = false;      // the rows are a prompt chunk
+  bool post_failed = false;       // sampling this step threw (the sequence ends with an error)
+  std::vector<int32_t> path;      // a DDTree round's accepted rows (tree indices, root first)
   bool step_logits = false;       // the forward returns logits for this sequence
   std::vector<float> logits;      // [1 or tree size, vocab]
   std::vector<float> taps;        // [step_rows, n_taps, hidden]
