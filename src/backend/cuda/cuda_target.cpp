@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace kd {
 
@@ -31,6 +32,7 @@ std::string cuda_device_name() {
 CudaTarget::Impl::~Impl() {
   for (void* p : allocs) cudaFree(p);
   if (h_in) cudaFreeHost(h_in);
+  if (h_logits) cudaFreeHost(h_logits);
   drop_graphs();
   if (ev0) cudaEventDestroy(ev0);
   if (ev1) cudaEventDestroy(ev1);
@@ -510,17 +512,22 @@ void CudaTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
     taps_dev = m.taps;
   }
   m.run(n, int64_t(st.tables.size()), st.max_keys, n_logits, taps_of, taps_dev);
-  // Each sequence's logits are consecutive staged logit rows, its taps consecutive batch rows.
-  int64_t lrow = 0, row = 0;
+  // All logit rows come down in one copy into pinned memory (pageable copies of 655 KB a row for
+  // K2 ran at a few GB/s, one per sequence), then to each sequence's buffer on the host; each
+  // sequence's logits are consecutive staged logit rows, its taps consecutive batch rows.
+  const int64_t V = c.vocab_size;
+  if (n_logits > m.h_logits_cap) {
+    if (m.h_logits) cudaFreeHost(m.h_logits);
+    m.h_logits = nullptr;
+    m.h_logits_cap = 0;
+    check(cudaMallocHost(reinterpret_cast<void**>(&m.h_logits), size_t(n_logits * V) * 4), "cudaMallocHost (logits)");
+    m.h_logits_cap = n_logits;
+  }
+  if (n_logits)
+    check(cudaMemcpyAsync(m.h_logits, m.logits, size_t(n_logits * V) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
+  int64_t row = 0;
   for (const SeqForward& f : seqs) {
     const ForwardArgs& a = f.args;
-    if (a.logits) {
-      const int64_t rows = a.all_logits ? a.n : 1;
-      check(cudaMemcpyAsync(a.logits, m.logits + lrow * c.vocab_size, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost,
-                            m.stream),
-            "download logits");
-      lrow += rows;
-    }
     if (a.taps)
       check(cudaMemcpyAsync(a.taps, taps_dev + row * n_taps * c.hidden_size, size_t(a.n * n_taps * c.hidden_size) * 4,
                             cudaMemcpyDeviceToHost, m.stream),
@@ -531,6 +538,19 @@ void CudaTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
   if (stats)
     check(cudaMemcpyAsync(distinct.data(), m.active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, m.stream), "download counts");
   check(cudaStreamSynchronize(m.stream), "forward_batch");
+  std::vector<std::pair<float*, int64_t>> dst;  // (sequence buffer, first staged logit row)
+  int64_t lrow = 0;
+  for (const SeqForward& f : seqs)
+    if (f.args.logits) {
+      dst.push_back({f.args.logits, lrow});
+      lrow += f.args.all_logits ? f.args.n : 1;
+    }
+  ThreadPool::global().parallel_for(int64_t(dst.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t end = k + 1 < int64_t(dst.size()) ? dst[size_t(k + 1)].second : lrow;
+      std::memcpy(dst[size_t(k)].first, m.h_logits + dst[size_t(k)].second * V, size_t((end - dst[size_t(k)].second) * V) * 4);
+    }
+  });
   if (stats) stats->weight_bytes += m.weight_bytes_of(n, &distinct, n_logits);
 }
 

@@ -62,6 +62,8 @@ struct CudaTarget::Impl {
   int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;
   int64_t keep_cap = 0;
   int32_t* h_in = nullptr;  // pinned staging of `in`
+  float* h_logits = nullptr;  // pinned [h_logits_cap, vocab]: forward_batch's logits come down in one copy
+  int64_t h_logits_cap = 0;
 
   // Host side of a forward's inputs, one sequence after another (stage_seq), then packed into `in`.
   struct Staged {
