@@ -140,10 +140,13 @@ cuda::ExpertBatch batch(const Mat& m, const DevBuf& dw, const DevBuf& ds, const 
 }
 
 // y [n·K, ldy] for token rows x (host) through the current mode; NaN-poisoned first.
-std::vector<float> run(const Mat& m, const DevBuf& dw, const DevBuf& ds, const Routing& rt, const float* x, Epilogue ep) {
+// With y0 (the add epilogue) y starts as y0 instead.
+std::vector<float> run(const Mat& m, const DevBuf& dw, const DevBuf& ds, const Routing& rt, const float* x, Epilogue ep,
+                       const float* y0 = nullptr) {
   const DevRouting r(rt, m.E);
   const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
   std::vector<float> y(static_cast<size_t>(rt.n * rt.K * ldy), std::nanf(""));
+  if (y0 != nullptr) std::copy(y0, y0 + y.size(), y.begin());
   DevBuf dx(size_t(rt.n * m.cols) * 4), dy(y.size() * 4);
   dx.up(x, size_t(rt.n * m.cols) * 4);
   dy.up(y.data(), y.size() * 4);
@@ -303,6 +306,44 @@ TEST(CudaExperts, ConfigSweep) {
   for (int c = 0; c < cuda::expert_config_count(); ++c) std::printf("  %2d %s\n", c, cuda::expert_config_describe(c).c_str());
   sweep(Mat{"gate/up", 384, 4096, 7168, Epilogue::swiglu}, 501);
   sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);
+}
+
+// Shapes that leave partial blocks and token tiles: 102 rows (not a multiple of any config's 8 … 64
+// rows a block), 2048 columns (two 1024-column steps), expert 0 serving all 19 tokens (odd, so MT = 2
+// ends on a single token). Every config, every epilogue: the bits of config 0, and each token alone
+// == its rows in the batch.
+TEST(CudaExperts, ConfigsPartialTiles) {
+  REQUIRE_GPU();
+  ModeScope restore;
+  cuda::set_expert_mma(false);
+  std::mt19937 rng(511);
+  const Mat m{"small", 4, 102, 2048, Epilogue::store};
+  DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
+  cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, 512, nullptr);
+  cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, 513, nullptr);
+  const int64_t n = 19, K = 2;
+  Routing rt{n, K, {}};
+  for (int64_t i = 0; i < n; ++i) rt.choice.push_back({0, int32_t(1 + rng() % 3)});
+  const std::vector<float> x = normal_x(n * m.cols, rng), y0 = normal_x(n * K * m.rows, rng);
+  for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
+    const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
+    const float* init = ep == Epilogue::add ? y0.data() : nullptr;
+    cuda::set_expert_config(0);
+    const std::vector<float> want = run(m, dw, ds, rt, x.data(), ep, init);
+    for (size_t j = 0; j < want.size(); ++j) ASSERT_TRUE(std::isfinite(want[j])) << "config 0 left output " << j;
+    for (int c = 1; c < cuda::expert_config_count(); ++c) {
+      cuda::set_expert_config(c);
+      const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, init);
+      ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4)) << "config " << c << " epilogue " << int(ep);
+      for (int64_t i = 0; i < n; i += 6) {
+        const Routing one{1, K, {rt.choice[size_t(i)]}};
+        const std::vector<float> y1 =
+            run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
+        ASSERT_EQ(0, std::memcmp(y1.data(), &y[size_t(i * K * ldy)], size_t(K * ldy) * 4))
+            << "config " << c << " epilogue " << int(ep) << ": token " << i << " alone differs";
+      }
+    }
+  }
 }
 
 // A bad config number is a clear error, not a silent fallback.

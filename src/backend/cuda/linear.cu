@@ -576,7 +576,16 @@ bool expert_config_fits(const ExpertBatch& b) {
 }
 
 std::string expert_config_describe(int cfg) {
-  if (cfg == 0) return "register kernel: 4 warps x 8 rows, 1 token, register double buffer";
+  if (cfg == 0) {
+    cudaFuncAttributes fa{};
+    check(cudaFuncGetAttributes(&fa, expert_kernel<true, 8, 1>), "cudaFuncGetAttributes");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_kernel<true, 8, 1>, kWarps * 32, 0), "occupancy");
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "register kernel W%d R8 MT1: %d regs, %d spill B, %d blk/SM, %.0f KB w in flight/SM", kWarps,
+                  fa.numRegs, int(fa.localSizeBytes), blocks, blocks * kWarps * 8 * 32 * 18 / 1024.0);
+    return buf;
+  }
   std::string out;
   with_staged(cfg, [&](auto w, auto r, auto mt, auto st) {
     constexpr int W = decltype(w)::value, R = decltype(r)::value, MT = decltype(mt)::value, ST = decltype(st)::value;
