@@ -290,8 +290,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // grid (ceil(rows / (W·R)), max_active); block W warps; dynamic shared memory Staged::smem.
 // Steps j = 0 … ntiles·S − 1: token tile t = j / S (MT of the expert's tokens), 1024-column step s = j % S.
-template <int W, int R, int MT, int ST>
-__global__ void __launch_bounds__(W * 32) expert_kernel_staged(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
+template <int W, int R, int MT, int ST, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) expert_kernel_staged(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
                                                              float* y, int64_t ldy, int ep) {
   using C = Staged<W, R, MT, ST>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -407,62 +407,67 @@ void check_shape(const DevMatrix& w, const float* x, int64_t ldx, const char* wh
 }
 
 // The INT4 expert configs: 0 is the register kernel, 1… the staged kernel <W warps, R rows a warp, MT
-// tokens a tile, ST stages>. Blocks/SM = min(65536 regs / (regs × threads), 228 KB / shared memory);
-// weight bytes in flight an SM ≈ blocks × (ST − 1) × W·R·576 B (≈ 30 KB keeps 4.5 TB/s busy by
+// tokens a tile, ST stages, MINB min blocks an SM for the register cap>. Blocks/SM = min(65536 regs /
+// (regs × threads), 228 KB / shared memory); MINB is set to the shared-memory bound (left free, ptxas
+// took 120–160 registers and registers bound instead); weight bytes in flight an SM ≈ blocks × (ST − 1) × W·R·576 B (≈ 30 KB keeps 4.5 TB/s busy by
 // Little's law at ~0.9 µs loaded latency; more covers the block start-up and the tail). The
 // ConfigSweep test prints the runtime's registers, spills and occupancy beside its timings.
 struct StagedConfig {
-  int W, R, MT, ST;
+  int W, R, MT, ST, MINB;  // MINB: __launch_bounds__ min blocks an SM, registers ≤ 65536 / (MINB · 32·W)
 };
 constexpr StagedConfig kStaged[] = {
-    // W  R MT ST     regs (ptxas, sm_90) → blocks/SM (by regs / shared memory) → weight KB in flight an SM
-    {4, 8, 1, 2},   // 1: 122 → 4 (regs; smem 5) → 74 KB, stage 22 KB
-    {4, 8, 1, 3},   // 2: 121 → 3 (smem) → 110 KB
-    {4, 8, 1, 4},   // 3: 160 → 2 (smem 88 KB) → 110 KB
-    {4, 4, 1, 3},   // 4: 120 → 4 (regs) → 74 KB, 16-row blocks: 2× the blocks, a shorter tail
-    {4, 4, 1, 4},   // 5: 121 → 4 → 110 KB
-    {8, 4, 1, 3},   // 6: 119 → 2 (regs) → 74 KB, 16 warps
-    {8, 8, 1, 2},   // 7: 120 → 2 → 74 KB, 64-row blocks
-    {8, 4, 1, 4},   // 8: ~120 → 2 → 110 KB
-    {4, 4, 2, 4},   // 9: 196 → 2 (regs) → 55 KB; token pairs share each weight stage
-    {4, 2, 1, 6},   // 10: ~80 → 4 (smem 52 KB) → 92 KB, 8-row blocks
-    {2, 8, 1, 4},   // 11: 128 → 4 (smem) → 110 KB, 8 warps/SM
-    {4, 2, 1, 4},   // 12: 79 → 6 (smem 34 KB) → 83 KB, x is half of each stage
-    {2, 4, 1, 4},   // 13: ~120 → 6 (smem) → 83 KB, 64-thread blocks
+    // W  R MT ST MINB     blocks/SM (by shared memory or MINB's register cap) → weight KB in flight an SM
+    {4, 8, 1, 2, 4},   // 1: stage 22 KB; 4 blocks (≤ 128 regs) → 74 KB
+    {4, 8, 1, 3, 3},   // 2: 3 blocks (smem 66 KB) → 110 KB
+    {4, 8, 1, 4, 2},   // 3: 2 blocks (smem 88 KB) → 110 KB
+    {4, 4, 1, 3, 4},   // 4: stage 13 KB; 4 blocks (≤ 128 regs) → 74 KB; 16-row blocks: 2× the blocks, a shorter tail
+    {4, 4, 1, 4, 4},   // 5: 4 blocks (smem 53 KB) → 110 KB
+    {8, 4, 1, 3, 2},   // 6: 2 blocks (≤ 128 regs) → 74 KB, 16 warps
+    {4, 4, 1, 3, 5},   // 7: 5 blocks (smem 40 KB, ≤ 102 regs) → 92 KB
+    {8, 4, 1, 4, 2},   // 8: 2 blocks (smem 88 KB) → 110 KB
+    {4, 4, 2, 4, 2},   // 9: ~196 regs → 2 blocks → 55 KB; token pairs share each weight stage
+    {4, 2, 1, 6, 4},   // 10: 8-row blocks; 4 blocks (smem 52 KB) → 92 KB
+    {2, 8, 1, 4, 4},   // 11: 4 blocks (smem 53 KB) → 110 KB, only 8 warps/SM
+    {4, 2, 1, 4, 6},   // 12: 6 blocks (smem 34 KB, ≤ 85 regs) → 83 KB, x is half of each stage
+    {2, 4, 1, 4, 6},   // 13: 64-thread blocks; 6 blocks (smem 34 KB) → 83 KB
+    {8, 4, 1, 3, 3},   // 14: 3 blocks (smem 66 KB, ≤ 85 regs) → 110 KB, 24 warps
+    {4, 8, 1, 2, 5},   // 15: 5 blocks (smem 44 KB, ≤ 102 regs: spills ~24 B) → 92 KB
 };
 constexpr int kExpertConfigs = 1 + int(sizeof(kStaged) / sizeof(kStaged[0]));
 
-template <int W, int R, int MT, int ST>
+template <int W, int R, int MT, int ST, int MINB>
 void launch_staged(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   using C = Staged<W, R, MT, ST>;
   static const bool attr_set = [] {  // above 48 KB of dynamic shared memory needs the opt-in
-    check(cudaFuncSetAttribute(expert_kernel_staged<W, R, MT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem),
+    check(cudaFuncSetAttribute(expert_kernel_staged<W, R, MT, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem),
           "expert_kernel_staged shared memory");
     return true;
   }();
   (void)attr_set;
   const unsigned gx = unsigned((b.w.rows + C::rows - 1) / C::rows);
-  expert_kernel_staged<W, R, MT, ST><<<dim3(gx, unsigned(b.max_active)), dim3(C::threads), C::smem, s>>>(b, x, ldx, y, ldy,
+  expert_kernel_staged<W, R, MT, ST, MINB><<<dim3(gx, unsigned(b.max_active)), dim3(C::threads), C::smem, s>>>(b, x, ldx, y, ldy,
                                                                                                         int(ep));
 }
 
-// Calls f(W, R, MT, ST as integral constants) for staged config `cfg` (1 …).
+// Calls f(W, R, MT, ST, MINB as integral constants) for staged config `cfg` (1 …).
 template <class F>
 void with_staged(int cfg, F&& f) {
 #define KD_STAGED(i)                                                                                              \
   case i:                                                                                                         \
     f(std::integral_constant<int, kStaged[i - 1].W>{}, std::integral_constant<int, kStaged[i - 1].R>{},           \
-      std::integral_constant<int, kStaged[i - 1].MT>{}, std::integral_constant<int, kStaged[i - 1].ST>{});        \
+      std::integral_constant<int, kStaged[i - 1].MT>{}, std::integral_constant<int, kStaged[i - 1].ST>{},         \
+      std::integral_constant<int, kStaged[i - 1].MINB>{});                                                      \
     return;
   switch (cfg) {
     KD_STAGED(1) KD_STAGED(2) KD_STAGED(3) KD_STAGED(4) KD_STAGED(5) KD_STAGED(6) KD_STAGED(7)
-    KD_STAGED(8) KD_STAGED(9) KD_STAGED(10) KD_STAGED(11) KD_STAGED(12) KD_STAGED(13)
+    KD_STAGED(8) KD_STAGED(9) KD_STAGED(10) KD_STAGED(11) KD_STAGED(12) KD_STAGED(13) KD_STAGED(14)
+    KD_STAGED(15)
     default:
       fail("CUDA expert config ", cfg, " does not exist (0 … ", kExpertConfigs - 1, ")");
   }
 #undef KD_STAGED
 }
-static_assert(kExpertConfigs == 14, "with_staged lists every staged config");
+static_assert(kExpertConfigs == 16, "with_staged lists every staged config");
 
 int g_expert_config = -1;  // -1: not chosen yet (KDTREE_CUDA_EXPERT_CONFIG, else kExpertConfigDefault)
 
@@ -522,8 +527,9 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
   const bool single = b.max_rows_per_expert <= 1;
   const int cfg = expert_config();
   if (b.w.int4 && cfg != 0 && expert_config_fits(b)) {
-    with_staged(cfg, [&](auto w, auto r, auto mt, auto st) {
-      launch_staged<decltype(w)::value, decltype(r)::value, decltype(mt)::value, decltype(st)::value>(b, x, ldx, y, ldy, ep, s);
+    with_staged(cfg, [&](auto w, auto r, auto mt, auto st, auto mb) {
+      launch_staged<decltype(w)::value, decltype(r)::value, decltype(mt)::value, decltype(st)::value, decltype(mb)::value>(
+          b, x, ldx, y, ldy, ep, s);
     });
   } else if (b.w.int4) {
     // INT4 (config 0): 8 rows a warp, one token row at a time (an expert's later rows re-read its weights from
@@ -587,20 +593,21 @@ std::string expert_config_describe(int cfg) {
     return buf;
   }
   std::string out;
-  with_staged(cfg, [&](auto w, auto r, auto mt, auto st) {
-    constexpr int W = decltype(w)::value, R = decltype(r)::value, MT = decltype(mt)::value, ST = decltype(st)::value;
+  with_staged(cfg, [&](auto w, auto r, auto mt, auto st, auto mb) {
+    constexpr int W = decltype(w)::value, R = decltype(r)::value, MT = decltype(mt)::value, ST = decltype(st)::value,
+                  MINB = decltype(mb)::value;
     using C = Staged<W, R, MT, ST>;
     cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, expert_kernel_staged<W, R, MT, ST>), "cudaFuncGetAttributes");
-    check(cudaFuncSetAttribute(expert_kernel_staged<W, R, MT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem),
+    check(cudaFuncGetAttributes(&fa, expert_kernel_staged<W, R, MT, ST, MINB>), "cudaFuncGetAttributes");
+    check(cudaFuncSetAttribute(expert_kernel_staged<W, R, MT, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem),
           "expert_kernel_staged shared memory");
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_kernel_staged<W, R, MT, ST>, C::threads, C::smem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_kernel_staged<W, R, MT, ST, MINB>, C::threads, C::smem),
           "occupancy");
     const double inflight = double(blocks) * (ST - 1) * (C::w_bytes + C::s_bytes) / 1024.0;
     char buf[160];
-    std::snprintf(buf, sizeof buf, "W%d R%d MT%d ST%d: %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM", W,
-                  R, MT, ST, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks, inflight);
+    std::snprintf(buf, sizeof buf, "W%d R%d MT%d ST%d min%d: %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM", W,
+                  R, MT, ST, MINB, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks, inflight);
     out = buf;
   });
   return out;
