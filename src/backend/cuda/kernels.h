@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace kd::cuda {
 
@@ -45,6 +46,19 @@ struct ExpertBatch {
   int64_t max_rows_per_expert = 1;  // the forward's row count: 1 selects the decode variant
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
+
+// Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 …
+// the shared-memory staged kernel in several tile/stage shapes). Every config writes the same bits
+// (same per-lane chunk order and arithmetic), so the choice is performance only. Production uses
+// kExpertConfigDefault; KDTREE_CUDA_EXPERT_CONFIG (read once) or set_expert_config(cfg) (tests and
+// the sweep; -1 restores the default) override it. Shapes a staged config cannot take
+// (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
+constexpr int kExpertConfigDefault = 0;
+int expert_config_count();
+int expert_config();
+void set_expert_config(int cfg);
+bool expert_config_fits(const ExpertBatch& b);
+std::string expert_config_describe(int cfg);  // shape, registers, occupancy, bytes in flight an SM
 
 // Tensor-core path of linear() for bf16 matrices of ≥ mma_min_rows() rows (mma.cu): fp32 x split
 // exactly into three bf16 parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical

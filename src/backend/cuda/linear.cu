@@ -8,6 +8,9 @@
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 namespace kd::cuda {
@@ -256,11 +259,217 @@ __global__ void __launch_bounds__(kWarps * 32) expert_kernel(ExpertBatch b, cons
   }
 }
 
+// ---- Staged INT4 expert kernel (configs 1…, see kExpertConfigs) -------------------------------------
+// The register kernel above keeps one chunk a row in flight per lane (a 16-byte load per weight row,
+// double-buffered in registers: 243 registers, 2 blocks ≈ 32 KB in flight an SM) and streams only
+// ≈ 2.5 TB/s. Here the weights never pass through registers on their way in: the block copies its
+// W·R rows × 32 chunks (512 bytes a row, the "step"), their 32 scales a row and the step's 1024 x
+// values of each token into a shared-memory stage with cp.async, ST stages deep, so (ST − 1) stages
+// per block are in flight while one is computed — bytes in flight an SM = blocks/SM × (ST − 1) ×
+// stage, with ~80–200 registers a thread. A token's x slice is loaded once a block (not once a warp).
+// The arithmetic is the register kernel's, term for term: lane l owns chunks l, l + 32, … of a row
+// (step s gives it chunk 32·s + l, ascending), the same nibble trick per chunk, fmaf into acc in
+// chunk order, the same butterfly and epilogue — so every config writes the very bits config 0
+// writes (the sweep test asserts it), whatever W, R, MT or ST. Needs cols % 1024 == 0 and a 16-byte
+// expert stride; other shapes run config 0.
+template <int W, int R, int MT, int ST>
+struct Staged {
+  static constexpr int rows = W * R, threads = W * 32;
+  static constexpr int w_bytes = rows * 512, s_bytes = rows * 64, x_bytes = MT * 4096;
+  static constexpr int stage = w_bytes + s_bytes + x_bytes, smem = ST * stage;
+  static_assert(ST >= 2 && R % 2 == 0, "double buffering at least; swiglu pairs rows inside a warp");
+};
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// grid (ceil(rows / (W·R)), max_active); block W warps; dynamic shared memory Staged::smem.
+// Steps j = 0 … ntiles·S − 1: token tile t = j / S (MT of the expert's tokens), 1024-column step s = j % S.
+template <int W, int R, int MT, int ST, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) expert_kernel_staged(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
+                                                             float* y, int64_t ldy, int ep) {
+  using C = Staged<W, R, MT, ST>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int a = int(blockIdx.y);
+  if (a >= *b.n_active) return;
+  const int64_t tile0 = int64_t(blockIdx.x) * C::rows, nrows = b.w.rows, cols = b.w.cols;
+  const int64_t e = b.act_expert[a];
+  const int off = b.act_off[a], cnt = b.act_cnt[a];
+  const uint8_t* wb = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;  // INT4 [rows, cols / 2 bytes]
+  const uint8_t* sb = reinterpret_cast<const uint8_t*>(b.w.scales + e * b.scale_stride_elems);  // bf16 [rows, cols / 32]
+  const int64_t row_bytes = cols / 2, srow_bytes = cols / 16;
+  const int S = int(cols / 1024), nsteps = (cnt + MT - 1) / MT * S;
+
+  // Stage layout: weights [W·R rows][32 chunks × 16 B]; scales [W·R][32 × bf16]; x [MT][32 chunks ×
+  // 32 fp32], the 16-byte quarters of chunk c stored at quarter q ^ (c & 7) so the 8 lanes of a
+  // shared-memory phase read 8 different bank groups.
+  auto issue = [&](int j) {
+    if (j < nsteps) {
+      uint8_t* st = smem + (j % ST) * C::stage;
+      const int t = j / S, s = j % S;
+#pragma unroll
+      for (int k = 0; k < R; ++k) {  // W·R·32 copies over W·32 threads
+        const int i = int(threadIdx.x) + k * C::threads, r = i >> 5, c = i & 31;
+        const int64_t row = min(tile0 + r, nrows - 1);  // a partial last tile re-reads the last row
+        cp_async16(st + i * 16, wb + row * row_bytes + int64_t(s) * 512 + c * 16);
+      }
+      for (int i = int(threadIdx.x); i < C::rows * 4; i += C::threads) {
+        const int r = i >> 2, c = i & 3;
+        const int64_t row = min(tile0 + r, nrows - 1);
+        cp_async16(st + C::w_bytes + i * 16, sb + row * srow_bytes + int64_t(s) * 64 + c * 16);
+      }
+      const int mc = min(MT, cnt - t * MT);
+      for (int i = int(threadIdx.x); i < MT * 256; i += C::threads) {
+        const int m = i >> 8, ch = (i >> 3) & 31, q = i & 7;
+        const int jj = off + t * MT + min(m, mc - 1);
+        const float* src = x + int64_t(b.in_row[jj]) * ldx + int64_t(s) * 1024 + ch * 32 + q * 4;
+        cp_async16(st + C::w_bytes + C::s_bytes + m * 4096 + ch * 128 + ((q ^ (ch & 7)) * 16), src);
+      }
+    }
+    cp_async_commit();  // empty groups too, so wait_group<ST − 2> always means "step j has landed"
+  };
+#pragma unroll
+  for (int j = 0; j < ST - 1; ++j) issue(j);
+
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int64_t row0 = tile0 + warp * R;
+  float acc[MT][R];
+#pragma unroll 1
+  for (int j = 0; j < nsteps; ++j) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // step j visible to all; everyone is done with step j − 1's stage
+    issue(j + ST - 1);  // into step j − 1's stage
+    const uint8_t* st = smem + (j % ST) * C::stage;
+    const int t = j / S, s = j % S;
+    const int mc = min(MT, cnt - t * MT);
+    if (s == 0)
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+    uint4 wv[R];
+    float sc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wv[r] = *reinterpret_cast<const uint4*>(st + (warp * R + r) * 512 + lane * 16);
+      sc[r] = bf16_f(*reinterpret_cast<const uint16_t*>(st + C::w_bytes + (warp * R + r) * 64 + lane * 2));
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m >= mc) break;
+      const float4* xp = reinterpret_cast<const float4*>(st + C::w_bytes + C::s_bytes + m * 4096 + lane * 128);
+      // As warp_dot: x · 2^80 and Σx of the group, ascending.
+      float xv[32], xsum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const float4 v = xp[q ^ (lane & 7)];
+        xsum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(xsum, v.x), v.y), v.z), v.w);
+        xv[4 * q] = __fmul_rn(v.x, 0x1p80f);
+        xv[4 * q + 1] = __fmul_rn(v.y, 0x1p80f);
+        xv[4 * q + 2] = __fmul_rn(v.z, 0x1p80f);
+        xv[4 * q + 3] = __fmul_rn(v.w, 0x1p80f);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t qw[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+        float g = 0.0f;  // Σ n·x, the nibble as the denormal n·2^-149 (see warp_dot)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t lo = qw[q] & 0x0F0F0F0Fu, hi = (qw[q] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            g = fmaf(__uint_as_float(__byte_perm(lo, 0u, 0x4440u + k)), xv[8 * q + 2 * k], g);
+            g = fmaf(__uint_as_float(__byte_perm(hi, 0u, 0x4440u + k)), xv[8 * q + 2 * k + 1], g);
+          }
+        }
+        const float gv = __fsub_rn(__fmul_rn(g, 0x1p69f), __fmul_rn(8.0f, xsum));
+        acc[m][r] = fmaf(sc[r], gv, acc[m][r]);
+      }
+    }
+    if (s == S - 1) {
+      float* ys[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) ys[m] = y + int64_t(b.out_row[off + t * MT + min(m, mc - 1)]) * ldy;
+      finish<R, MT>(acc, mc, row0, nrows, ys, ep, lane);  // rows ≥ nrows are skipped by store()
+    }
+  }
+}
+
 void check_shape(const DevMatrix& w, const float* x, int64_t ldx, const char* what) {
   const int64_t unit = w.int4 ? 32 : 8;
   if (w.cols % unit != 0) fail("CUDA ", what, ": ", w.cols, " inputs is not a multiple of ", unit, " (", w.int4 ? "INT4 group" : "16-byte bf16 chunk", ")");
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA ", what, ": activations are not 16-byte aligned");
 }
+
+// The INT4 expert configs: 0 is the register kernel, 1… the staged kernel <W warps, R rows a warp, MT
+// tokens a tile, ST stages, MINB min blocks an SM for the register cap>. Blocks/SM = min(65536 regs /
+// (regs × threads), 228 KB / shared memory); MINB is set to the shared-memory bound (left free, ptxas
+// took 120–160 registers and registers bound instead); weight bytes in flight an SM ≈ blocks × (ST − 1) × W·R·576 B (≈ 30 KB keeps 4.5 TB/s busy by
+// Little's law at ~0.9 µs loaded latency; more covers the block start-up and the tail). The
+// ConfigSweep test prints the runtime's registers, spills and occupancy beside its timings.
+struct StagedConfig {
+  int W, R, MT, ST, MINB;  // MINB: __launch_bounds__ min blocks an SM, registers ≤ 65536 / (MINB · 32·W)
+};
+constexpr StagedConfig kStaged[] = {
+    // W  R MT ST MINB     blocks/SM (by shared memory or MINB's register cap) → weight KB in flight an SM
+    {4, 8, 1, 2, 4},   // 1: stage 22 KB; 4 blocks (≤ 128 regs) → 74 KB
+    {4, 8, 1, 3, 3},   // 2: 3 blocks (smem 66 KB) → 110 KB
+    {4, 8, 1, 4, 2},   // 3: 2 blocks (smem 88 KB) → 110 KB
+    {4, 4, 1, 3, 4},   // 4: stage 13 KB; 4 blocks (≤ 128 regs) → 74 KB; 16-row blocks: 2× the blocks, a shorter tail
+    {4, 4, 1, 4, 4},   // 5: 4 blocks (smem 53 KB) → 110 KB
+    {8, 4, 1, 3, 2},   // 6: 2 blocks (≤ 128 regs) → 74 KB, 16 warps
+    {4, 4, 1, 3, 5},   // 7: 5 blocks (smem 40 KB, ≤ 102 regs) → 92 KB
+    {8, 4, 1, 4, 2},   // 8: 2 blocks (smem 88 KB) → 110 KB
+    {4, 4, 2, 4, 2},   // 9: ~196 regs → 2 blocks → 55 KB; token pairs share each weight stage
+    {4, 2, 1, 6, 4},   // 10: 8-row blocks; 4 blocks (smem 52 KB) → 92 KB
+    {2, 8, 1, 4, 4},   // 11: 4 blocks (smem 53 KB) → 110 KB, only 8 warps/SM
+    {4, 2, 1, 4, 6},   // 12: 6 blocks (smem 34 KB, ≤ 85 regs) → 83 KB, x is half of each stage
+    {2, 4, 1, 4, 6},   // 13: 64-thread blocks; 6 blocks (smem 34 KB) → 83 KB
+    {8, 4, 1, 3, 3},   // 14: 3 blocks (smem 66 KB, ≤ 85 regs) → 110 KB, 24 warps
+    {4, 8, 1, 2, 5},   // 15: 5 blocks (smem 44 KB, ≤ 102 regs: spills ~24 B) → 92 KB
+};
+constexpr int kExpertConfigs = 1 + int(sizeof(kStaged) / sizeof(kStaged[0]));
+
+template <int W, int R, int MT, int ST, int MINB>
+void launch_staged(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  using C = Staged<W, R, MT, ST>;
+  static const bool attr_set = [] {  // above 48 KB of dynamic shared memory needs the opt-in
+    check(cudaFuncSetAttribute(expert_kernel_staged<W, R, MT, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem),
+          "expert_kernel_staged shared memory");
+    return true;
+  }();
+  (void)attr_set;
+  const unsigned gx = unsigned((b.w.rows + C::rows - 1) / C::rows);
+  expert_kernel_staged<W, R, MT, ST, MINB><<<dim3(gx, unsigned(b.max_active)), dim3(C::threads), C::smem, s>>>(b, x, ldx, y, ldy,
+                                                                                                        int(ep));
+}
+
+// Calls f(W, R, MT, ST, MINB as integral constants) for staged config `cfg` (1 …).
+template <class F>
+void with_staged(int cfg, F&& f) {
+#define KD_STAGED(i)                                                                                              \
+  case i:                                                                                                         \
+    f(std::integral_constant<int, kStaged[i - 1].W>{}, std::integral_constant<int, kStaged[i - 1].R>{},           \
+      std::integral_constant<int, kStaged[i - 1].MT>{}, std::integral_constant<int, kStaged[i - 1].ST>{},         \
+      std::integral_constant<int, kStaged[i - 1].MINB>{});                                                      \
+    return;
+  switch (cfg) {
+    KD_STAGED(1) KD_STAGED(2) KD_STAGED(3) KD_STAGED(4) KD_STAGED(5) KD_STAGED(6) KD_STAGED(7)
+    KD_STAGED(8) KD_STAGED(9) KD_STAGED(10) KD_STAGED(11) KD_STAGED(12) KD_STAGED(13) KD_STAGED(14)
+    KD_STAGED(15)
+    default:
+      fail("CUDA expert config ", cfg, " does not exist (0 … ", kExpertConfigs - 1, ")");
+  }
+#undef KD_STAGED
+}
+static_assert(kExpertConfigs == 16, "with_staged lists every staged config");
+
+int g_expert_config = -1;  // -1: not chosen yet (KDTREE_CUDA_EXPERT_CONFIG, else kExpertConfigDefault)
 
 }  // namespace
 
@@ -316,8 +525,14 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
   const unsigned gy = unsigned(b.max_active);
   // One token per expert (decode) needs no M-tile; wider tiles share each weight load across rows.
   const bool single = b.max_rows_per_expert <= 1;
-  if (b.w.int4) {
-    // INT4: 8 rows a warp, one token row at a time (an expert's later rows re-read its weights from
+  const int cfg = expert_config();
+  if (b.w.int4 && cfg != 0 && expert_config_fits(b)) {
+    with_staged(cfg, [&](auto w, auto r, auto mt, auto st, auto mb) {
+      launch_staged<decltype(w)::value, decltype(r)::value, decltype(mt)::value, decltype(st)::value, decltype(mb)::value>(
+          b, x, ldx, y, ldy, ep, s);
+    });
+  } else if (b.w.int4) {
+    // INT4 (config 0): 8 rows a warp, one token row at a time (an expert's later rows re-read its weights from
     // L2). Measured on k2-slice against 4 rows a warp / M-tiles of 4: decode 3.92 → 3.53 ms a token,
     // verify of 16 nodes 41.1 → 30.9 ms. Token rows in pairs (MT = 2, each weight load serving
     // both) was measured too: R = 8 already uses 243 registers a thread, MT = 2 spilled (396 bytes
@@ -336,6 +551,66 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
       expert_kernel<false, R, 4><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
   }
   check_launch("expert_linear");
+}
+
+int expert_config_count() { return kExpertConfigs; }
+
+int expert_config() {
+  if (g_expert_config < 0) {
+    const char* env = std::getenv("KDTREE_CUDA_EXPERT_CONFIG");
+    int v = kExpertConfigDefault;
+    if (env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long l = std::strtol(env, &end, 10);
+      if (*end != '\0' || l < 0 || l >= kExpertConfigs)
+        fail("KDTREE_CUDA_EXPERT_CONFIG='", env, "' is not an expert config (0 … ", kExpertConfigs - 1, ")");
+      v = int(l);
+    }
+    g_expert_config = v;
+  }
+  return g_expert_config;
+}
+
+void set_expert_config(int cfg) {
+  if (cfg < -1 || cfg >= kExpertConfigs) fail("CUDA expert config ", cfg, " does not exist (0 … ", kExpertConfigs - 1, ")");
+  g_expert_config = cfg < 0 ? kExpertConfigDefault : cfg;
+}
+
+bool expert_config_fits(const ExpertBatch& b) {
+  return b.w.int4 && b.w.cols % 1024 == 0 && b.w_stride_bytes % 16 == 0 && (b.scale_stride_elems * 2) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(b.w.w) % 16 == 0 && reinterpret_cast<uintptr_t>(b.w.scales) % 16 == 0;
+}
+
+std::string expert_config_describe(int cfg) {
+  if (cfg == 0) {
+    cudaFuncAttributes fa{};
+    check(cudaFuncGetAttributes(&fa, expert_kernel<true, 8, 1>), "cudaFuncGetAttributes");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_kernel<true, 8, 1>, kWarps * 32, 0), "occupancy");
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "register kernel W%d R8 MT1: %d regs, %d spill B, %d blk/SM, %.0f KB w in flight/SM", kWarps,
+                  fa.numRegs, int(fa.localSizeBytes), blocks, blocks * kWarps * 8 * 32 * 18 / 1024.0);
+    return buf;
+  }
+  std::string out;
+  with_staged(cfg, [&](auto w, auto r, auto mt, auto st, auto mb) {
+    constexpr int W = decltype(w)::value, R = decltype(r)::value, MT = decltype(mt)::value, ST = decltype(st)::value,
+                  MINB = decltype(mb)::value;
+    using C = Staged<W, R, MT, ST>;
+    cudaFuncAttributes fa{};
+    check(cudaFuncGetAttributes(&fa, expert_kernel_staged<W, R, MT, ST, MINB>), "cudaFuncGetAttributes");
+    check(cudaFuncSetAttribute(expert_kernel_staged<W, R, MT, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem),
+          "expert_kernel_staged shared memory");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_kernel_staged<W, R, MT, ST, MINB>, C::threads, C::smem),
+          "occupancy");
+    const double inflight = double(blocks) * (ST - 1) * (C::w_bytes + C::s_bytes) / 1024.0;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "W%d R%d MT%d ST%d min%d: %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM", W,
+                  R, MT, ST, MINB, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks, inflight);
+    out = buf;
+  });
+  return out;
 }
 
 }  // namespace kd::cuda

@@ -1,0 +1,356 @@
+// Sweep of the CUDA-core INT4 expert kernel configs (cuda::set_expert_config, linear.cu) at Kimi K2's
+// routed-expert shapes — gate/up 4096 × 7168 (swiglu) and down 7168 × 2048 (store), 384 experts,
+// top-8 random routing, n = 1 … 33 tokens: µs and GB/s a launch (CUDA events, median of 21 after 3
+// warm-ups; GB = distinct experts × their weight + scale bytes), for every config plus the expert
+// MMA path for comparison. Asserted per config: (a) parity of the store output against fp64 on
+// sampled rows ≤ 2× a plain fp32 loop's error, (b) each token's rows of a 17-token batch == the token
+// alone (bitwise), (c) the CUDA-core configs all write config 0's bits. Skips without a GPU.
+// Run: kdtree_gpu_tests --gtest_filter=CudaExperts.ConfigSweep
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_target.h"
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#define REQUIRE_GPU() \
+  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
+
+namespace kd {
+namespace {
+
+using cuda::Epilogue;
+
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) { cuda::check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void up(const void* h, size_t bytes) { cuda::check(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload"); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+// Restores the expert MMA switch and the expert config when the test ends.
+struct ModeScope {
+  bool mma = cuda::expert_mma_enabled();
+  int cfg = cuda::expert_config();
+  ModeScope() = default;
+  ~ModeScope() {
+    cuda::set_expert_mma(mma);
+    cuda::set_expert_config(cfg);
+  }
+  ModeScope(const ModeScope&) = delete;
+  ModeScope& operator=(const ModeScope&) = delete;
+};
+
+// Token i's K distinct experts; entries grouped by expert ascending, tokens ascending inside (as
+// dispatch() builds them); entry (i, k) reads x row i, writes y row i·K + k.
+struct Routing {
+  int64_t n, K;
+  std::vector<std::vector<int32_t>> choice;
+};
+
+Routing random_routing(int64_t n, int64_t K, int64_t E, std::mt19937& rng) {
+  Routing r{n, K, {}};
+  std::vector<int32_t> ids(static_cast<size_t>(E));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int32_t e = 0; e < int32_t(E); ++e) ids[size_t(e)] = e;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    r.choice.emplace_back(ids.begin(), ids.begin() + K);
+  }
+  return r;
+}
+
+// The routing's ExpertBatch tables on the device.
+struct DevRouting {
+  int32_t n_active = 0;
+  std::vector<int32_t> act_expert, act_off, act_cnt, in_row, out_row;
+  DevBuf dn, dae, dao, dac, din, dout;
+  static std::vector<int32_t> tables(const Routing& rt, int64_t E, int which) {
+    std::vector<int32_t> ae, ao, ac, ir, orow;
+    for (int32_t e = 0; e < int32_t(E); ++e) {
+      const int32_t off = int32_t(ir.size());
+      for (int64_t i = 0; i < rt.n; ++i)
+        for (int64_t k = 0; k < rt.K; ++k)
+          if (rt.choice[size_t(i)][size_t(k)] == e) {
+            ir.push_back(int32_t(i));
+            orow.push_back(int32_t(i * rt.K + k));
+          }
+      if (int32_t(ir.size()) > off) {
+        ae.push_back(e);
+        ao.push_back(off);
+        ac.push_back(int32_t(ir.size()) - off);
+      }
+    }
+    const std::vector<int32_t>* all[5] = {&ae, &ao, &ac, &ir, &orow};
+    return *all[which];
+  }
+  DevRouting(const Routing& rt, int64_t E)
+      : act_expert(tables(rt, E, 0)), act_off(tables(rt, E, 1)), act_cnt(tables(rt, E, 2)), in_row(tables(rt, E, 3)),
+        out_row(tables(rt, E, 4)), dn(4), dae(act_expert.size() * 4), dao(act_off.size() * 4), dac(act_cnt.size() * 4),
+        din(in_row.size() * 4), dout(out_row.size() * 4) {
+    n_active = int32_t(act_expert.size());
+    dn.up(&n_active, 4);
+    dae.up(act_expert.data(), act_expert.size() * 4);
+    dao.up(act_off.data(), act_off.size() * 4);
+    dac.up(act_cnt.data(), act_cnt.size() * 4);
+    din.up(in_row.data(), in_row.size() * 4);
+    dout.up(out_row.data(), out_row.size() * 4);
+  }
+};
+
+// E INT4 g32 experts [rows, cols] back to back on the device (random words, bf16 scales).
+struct Mat {
+  const char* name;
+  int64_t E, rows, cols;
+  Epilogue ep;
+  int64_t wbytes() const { return rows * cols / 2; }
+  int64_t sbytes() const { return rows * (cols / 32) * 2; }
+  int64_t ldy() const { return ep == Epilogue::swiglu ? rows / 2 : rows; }
+};
+
+cuda::ExpertBatch batch(const Mat& m, const DevBuf& dw, const DevBuf& ds, const DevRouting& r, int64_t n) {
+  cuda::ExpertBatch b;
+  b.w.rows = m.rows;
+  b.w.cols = m.cols;
+  b.w.int4 = true;
+  b.w.w = dw.p;
+  b.w.scales = ds.as<uint16_t>();
+  b.w_stride_bytes = m.wbytes();
+  b.scale_stride_elems = m.sbytes() / 2;
+  b.n_active = r.dn.as<int32_t>();
+  b.act_expert = r.dae.as<int32_t>();
+  b.act_off = r.dao.as<int32_t>();
+  b.act_cnt = r.dac.as<int32_t>();
+  b.in_row = r.din.as<int32_t>();
+  b.out_row = r.dout.as<int32_t>();
+  b.max_active = std::min(m.E, n * 8);
+  b.max_rows_per_expert = n;
+  return b;
+}
+
+// y [n·K, ldy] for token rows x (host) through the current mode; NaN-poisoned first.
+// With y0 (the add epilogue) y starts as y0 instead.
+std::vector<float> run(const Mat& m, const DevBuf& dw, const DevBuf& ds, const Routing& rt, const float* x, Epilogue ep,
+                       const float* y0 = nullptr) {
+  const DevRouting r(rt, m.E);
+  const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
+  std::vector<float> y(static_cast<size_t>(rt.n * rt.K * ldy), std::nanf(""));
+  if (y0 != nullptr) std::copy(y0, y0 + y.size(), y.begin());
+  DevBuf dx(size_t(rt.n * m.cols) * 4), dy(y.size() * 4);
+  dx.up(x, size_t(rt.n * m.cols) * 4);
+  dy.up(y.data(), y.size() * 4);
+  cuda::ExpertBatch b = batch(m, dw, ds, r, rt.n);
+  b.max_active = std::min(m.E, rt.n * rt.K);
+  cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), ldy, ep, nullptr);
+  cuda::check(cudaDeviceSynchronize(), "expert_linear");
+  cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
+  return y;
+}
+
+std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+// modes: 0 … count − 1 the CUDA-core configs, count the expert MMA path.
+void set_mode(int mode) {
+  const bool mma = mode == cuda::expert_config_count();
+  cuda::set_expert_mma(mma);
+  cuda::set_expert_config(mma ? -1 : mode);
+}
+
+void sweep(const Mat& m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
+  cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, seed, nullptr);
+  cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, seed + 1, nullptr);
+  const int modes = cuda::expert_config_count() + 1;
+
+  // (a) parity inputs: 17 tokens top-8 among experts 0 … 15 (each serves ~8 tokens: several token
+  // tiles, odd counts); fp64 and plain fp32 references on every 16th row, from the downloaded weights.
+  const int64_t EP = 16, n = 17, K = 8, step = 16;
+  const Routing prt = random_routing(n, K, EP, rng);
+  const std::vector<float> px = normal_x(n * m.cols, rng);
+  std::vector<uint32_t> words(static_cast<size_t>(EP * m.wbytes() / 4));
+  std::vector<uint16_t> scales(static_cast<size_t>(EP * m.sbytes() / 2));
+  cuda::check(cudaMemcpy(words.data(), dw.p, words.size() * 4, cudaMemcpyDeviceToHost), "download");
+  cuda::check(cudaMemcpy(scales.data(), ds.p, scales.size() * 2, cudaMemcpyDeviceToHost), "download");
+  std::vector<double> ref;
+  std::vector<float> plain;
+  std::vector<size_t> where;  // output index of each sampled value
+  std::vector<float> wrow(static_cast<size_t>(m.cols));
+  for (int64_t e = 0; e < EP; ++e)
+    for (int64_t r = step / 2; r < m.rows; r += step) {
+      for (int64_t c = 0; c < m.cols; ++c) {
+        const uint32_t q = words[size_t((e * m.rows + r) * (m.cols / 8) + c / 8)];
+        const float sc = bf16_to_f32(scales[size_t((e * m.rows + r) * (m.cols / 32) + c / 32)]);
+        wrow[size_t(c)] = float(int((q >> (4 * (c % 8))) & 15u) - 8) * sc;  // exact in fp32
+      }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < K; ++k) {
+          if (prt.choice[size_t(i)][size_t(k)] != e) continue;
+          double d = 0;
+          float f = 0;
+          for (int64_t c = 0; c < m.cols; ++c) {
+            d += double(wrow[size_t(c)]) * double(px[size_t(i * m.cols + c)]);
+            f += wrow[size_t(c)] * px[size_t(i * m.cols + c)];
+          }
+          ref.push_back(d);
+          plain.push_back(f);
+          where.push_back(size_t((i * K + k) * m.rows + r));
+        }
+    }
+  double den = 0, nump = 0;
+  for (size_t j = 0; j < ref.size(); ++j) {
+    den += ref[j] * ref[j];
+    nump += (double(plain[j]) - ref[j]) * (double(plain[j]) - ref[j]);
+  }
+  const double e_plain = std::sqrt(nump / den);
+
+  // (b) invariance inputs: 17 tokens over all experts, the timed epilogue.
+  const Routing irt = random_routing(n, K, m.E, rng);
+  const std::vector<float> ix = normal_x(n * m.cols, rng);
+  std::vector<float> y_cfg0;
+
+  // Timing buffers: up to 33 tokens.
+  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33};
+  DevBuf dx(size_t(33 * m.cols) * 4), dy(size_t(33 * K * m.ldy()) * 4);
+  cuda::fill_f32(dx.as<float>(), 33 * m.cols, -1.0f, 1.0f, seed + 2, nullptr);
+  std::vector<Routing> trt;
+  for (int64_t t : ns) trt.push_back(random_routing(t, K, m.E, rng));
+  cudaEvent_t e0, e1;
+  cuda::check(cudaEventCreate(&e0), "event");
+  cuda::check(cudaEventCreate(&e1), "event");
+
+  std::printf("%s %lldx%lld INT4 g32, %lld experts top-8 (plain fp32 err %.3g); us GB/s per n:\n", m.name,
+              (long long)m.rows, (long long)m.cols, (long long)m.E, e_plain);
+  std::printf("cfg  |");
+  for (int64_t t : ns) std::printf(" %-13s|", ("n=" + std::to_string(t) + " us GB/s").c_str());
+  std::printf(" err     bits\n");
+  for (int mode = 0; mode < modes; ++mode) {
+    set_mode(mode);
+    const bool mma = mode == modes - 1;
+    char label[8];
+    std::snprintf(label, sizeof label, "%s", mma ? "mma" : std::to_string(mode).c_str());
+    std::string line = std::string(label) + std::string(5 - std::min<size_t>(4, std::strlen(label)), ' ') + "|";
+    for (size_t t = 0; t < ns.size(); ++t) {
+      const DevRouting r(trt[t], m.E);
+      const cuda::ExpertBatch b = batch(m, dw, ds, r, ns[t]);
+      auto once = [&] { cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), m.ldy(), m.ep, nullptr); };
+      for (int i = 0; i < 3; ++i) once();
+      std::vector<float> ms;
+      for (int i = 0; i < 21; ++i) {
+        cuda::check(cudaEventRecord(e0, nullptr), "record");
+        once();
+        cuda::check(cudaEventRecord(e1, nullptr), "record");
+        cuda::check(cudaEventSynchronize(e1), "sync");
+        float v = 0;
+        cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
+        ms.push_back(v);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double us = ms[ms.size() / 2] * 1e3, gb = double(r.n_active) * double(m.wbytes() + m.sbytes()) / 1e9;
+      char cell[40];
+      std::snprintf(cell, sizeof cell, " %6.1f %5.0f |", us, gb / (us * 1e-6));
+      line += cell;
+    }
+
+    // (a) parity.
+    const std::vector<float> y = run(m, dw, ds, prt, px.data(), Epilogue::store);
+    double num = 0;
+    for (size_t j = 0; j < ref.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(y[where[j]])) << "mode " << label << ": unwritten output";
+      num += (double(y[where[j]]) - ref[j]) * (double(y[where[j]]) - ref[j]);
+    }
+    const double err = std::sqrt(num / den);
+    EXPECT_LE(err, 2 * e_plain) << m.name << " config " << label;
+
+    // (b) each token alone == its rows in the batch; (c) == config 0's bits.
+    const std::vector<float> yb = run(m, dw, ds, irt, ix.data(), m.ep);
+    bool same = true;
+    for (int64_t i = 0; i < n; ++i) {
+      const Routing one{1, K, {irt.choice[size_t(i)]}};
+      const std::vector<float> y1 = run(m, dw, ds, one, &ix[size_t(i * m.cols)], m.ep);
+      same = same && std::memcmp(y1.data(), &yb[size_t(i * K * m.ldy())], size_t(K * m.ldy()) * 4) == 0;
+    }
+    EXPECT_TRUE(same) << m.name << " config " << label << ": a token alone differs from its rows in the batch";
+    if (mode == 0) y_cfg0 = yb;
+    const bool as_cfg0 = std::memcmp(yb.data(), y_cfg0.data(), yb.size() * 4) == 0;
+    EXPECT_TRUE(mma || as_cfg0) << m.name << " config " << label << " writes other bits than config 0";
+    char tail[48];
+    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", mma ? "" : as_cfg0 ? " =0" : " !=0");
+    std::printf("%s%s\n", line.c_str(), tail);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+TEST(CudaExperts, ConfigSweep) {
+  REQUIRE_GPU();
+  ModeScope restore;
+  std::printf("device read bandwidth %.0f GB/s; production default config %d; configs:\n",
+              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigDefault);
+  for (int c = 0; c < cuda::expert_config_count(); ++c) std::printf("  %2d %s\n", c, cuda::expert_config_describe(c).c_str());
+  sweep(Mat{"gate/up", 384, 4096, 7168, Epilogue::swiglu}, 501);
+  sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);
+}
+
+// Shapes that leave partial blocks and token tiles: 102 rows (not a multiple of any config's 8 … 64
+// rows a block), 2048 columns (two 1024-column steps), expert 0 serving all 19 tokens (odd, so MT = 2
+// ends on a single token). Every config, every epilogue: the bits of config 0, and each token alone
+// == its rows in the batch.
+TEST(CudaExperts, ConfigsPartialTiles) {
+  REQUIRE_GPU();
+  ModeScope restore;
+  cuda::set_expert_mma(false);
+  std::mt19937 rng(511);
+  const Mat m{"small", 4, 102, 2048, Epilogue::store};
+  DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
+  cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, 512, nullptr);
+  cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, 513, nullptr);
+  const int64_t n = 19, K = 2;
+  Routing rt{n, K, {}};
+  for (int64_t i = 0; i < n; ++i) rt.choice.push_back({0, int32_t(1 + rng() % 3)});
+  const std::vector<float> x = normal_x(n * m.cols, rng), y0 = normal_x(n * K * m.rows, rng);
+  for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
+    const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
+    const float* init = ep == Epilogue::add ? y0.data() : nullptr;
+    cuda::set_expert_config(0);
+    const std::vector<float> want = run(m, dw, ds, rt, x.data(), ep, init);
+    for (size_t j = 0; j < want.size(); ++j) ASSERT_TRUE(std::isfinite(want[j])) << "config 0 left output " << j;
+    for (int c = 1; c < cuda::expert_config_count(); ++c) {
+      cuda::set_expert_config(c);
+      const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, init);
+      ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4)) << "config " << c << " epilogue " << int(ep);
+      for (int64_t i = 0; i < n; i += 6) {
+        const Routing one{1, K, {rt.choice[size_t(i)]}};
+        const std::vector<float> y1 =
+            run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
+        ASSERT_EQ(0, std::memcmp(y1.data(), &y[size_t(i * K * ldy)], size_t(K * ldy) * 4))
+            << "config " << c << " epilogue " << int(ep) << ": token " << i << " alone differs";
+      }
+    }
+  }
+}
+
+// A bad config number is a clear error, not a silent fallback.
+TEST(CudaExperts, ConfigOutOfRange) {
+  EXPECT_THROW(cuda::set_expert_config(cuda::expert_config_count()), Error);
+  EXPECT_THROW(cuda::set_expert_config(-2), Error);
+}
+
+}  // namespace
+}  // namespace kd
