@@ -62,7 +62,8 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
                 cudaStream_t s);
 // Kernel configurations of the bf16 MMA path (tile shape, K split, loads in flight; mma.cu lists
 // them): each keeps rows invariant to M, but two configurations may differ in the last bits. For
-// the sweep test only: production runs mma.cu's kDefaultConfig; set_mma_config fails out of range.
+// sweeps and benchmarks only: production runs mma.cu's kDefaultConfig unless KDTREE_CUDA_MMA_CONFIG
+// (read once) or set_mma_config picks another; both fail out of range.
 int mma_config_count();
 const char* mma_config_name(int c);
 int mma_config();

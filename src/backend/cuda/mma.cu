@@ -127,18 +127,19 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&a)[4], cons
 // One 16-byte weight load. LD 0: __ldg (read-only path, allocates in L1); 1: ld.global.nc with
 // L1::no_allocate (streamed weights do not evict x, which every block re-reads, from L1); 2: the
 // same plus the L2::256B prefetch hint (a 64-byte request fetches its whole 256-byte run from HBM).
+// volatile: the compiler must not speculate the load out of its `k < K` guard (past the buffer).
 template <int LD>
 __device__ __forceinline__ uint4 load_w(const uint16_t* p) {
   uint4 v;
   if constexpr (LD == 0) {
     v = __ldg(reinterpret_cast<const uint4*>(p));
   } else if constexpr (LD == 1) {
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
   } else {
     static_assert(LD == 2, "weight load flavour: 0, 1 or 2");
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
   }
@@ -150,8 +151,10 @@ __device__ __forceinline__ uint4 load_w(const uint16_t* p) {
 // w, w + KS, … (each 64 contiguous bytes a row), in k order; each k16 step's three MMAs go into a
 // fresh fragment, added to acc. U: k32 blocks whose weight loads are issued together; PF: software
 // pipeline — the next U blocks' loads are issued before this batch's MMAs (twice the registers, but
-// the warp never waits on HBM with nothing in flight). None of U, PF, LD, RT, NT changes the order.
-template <int RT, int NT, int KS, int U, bool PF, int LD>
+// the warp never waits on HBM with nothing in flight). KC: the warp takes runs of U consecutive k32
+// blocks instead (runs w, w + KS, …: a batch's loads fill whole 128-byte lines of each row) — then
+// U is part of the order. None of PF, LD, RT, NT (nor U without KC) changes the order.
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC>
 __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0,
                                           const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -166,14 +169,15 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
-  const int64_t nkb = (K + 31) / 32, stride = int64_t(U) * KS;
+  const int64_t nkb = (K + 31) / 32, stride = int64_t(U) * KS, first = KC ? int64_t(warp) * U : int64_t(warp);
+  constexpr int USTEP = KC ? 1 : KS;  // k32 blocks between a batch's consecutive loads
   // x of a whole batch is loaded before its first split when that stays small (U · NT · 8 registers).
   constexpr bool XPRE = U * NT <= 4;
 
   auto load = [&](int64_t kb0, uint4 (&wv)[U][RT][2]) {  // columns ≥ K (blocks past the end) read zeros
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t k = (kb0 + int64_t(u) * KS) * 32;
+      const int64_t k = (kb0 + int64_t(u) * USTEP) * 32;
       const bool in = k + 8 * t < K;
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt)
@@ -185,11 +189,11 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
     float4 xv[XPRE ? U : 1][NT][2];
     if constexpr (XPRE) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) x_load<NT>(xr, K, (kb0 + int64_t(u) * KS) * 32 + 8 * t, xv[u]);
+      for (int u = 0; u < U; ++u) x_load<NT>(xr, K, (kb0 + int64_t(u) * USTEP) * 32 + 8 * t, xv[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t kb = kb0 + int64_t(u) * KS;
+      const int64_t kb = kb0 + int64_t(u) * USTEP;
       if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
       uint32_t bf[NT][2][3][2];
       if constexpr (XPRE) {
@@ -218,8 +222,8 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
 
   uint4 wv[U][RT][2];
   if constexpr (PF) {
-    load(warp, wv);
-    for (int64_t kb0 = warp; kb0 < nkb; kb0 += stride) {
+    load(first, wv);
+    for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
       uint4 nx[U][RT][2];
       load(kb0 + stride, nx);  // past the end: predicated off, zeros
       compute(kb0, wv);
@@ -231,7 +235,7 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
           for (int h = 0; h < 2; ++h) wv[u][rt][h] = nx[u][rt][h];
     }
   } else {
-    for (int64_t kb0 = warp; kb0 < nkb; kb0 += stride) {
+    for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
       load(kb0, wv);
       compute(kb0, wv);
     }
@@ -342,7 +346,7 @@ __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 
 // neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
 // K-slice of the same 16·RT weight rows × 8·NT tokens. MINB: blocks an SM must hold (ptxas caps
 // registers at 65536 / (MINB · 32 · KS) a thread), so that the grid's blocks fit in whole waves.
-template <int RT, int NT, int KS, int U, bool PF, int LD, int MINB>
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
 __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
                                                                  int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
   static_assert(sizeof(float) * KS * 8 * NT * (16 * RT + 4) <= 48 * 1024, "partials exceed 48 KB of static shared memory");
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, 
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
   float acc[RT][NT][4];
-  bf16_warp<RT, NT, KS, U, PF, LD>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
+  bf16_warp<RT, NT, KS, U, PF, LD, KC>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
   finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; });
 }
 
@@ -383,12 +387,12 @@ __global__ void __launch_bounds__(KS * 32) mma_expert_kernel(ExpertBatch b, cons
   }
 }
 
-template <int RT, int NT, int KS, int U, bool PF, int LD, int MINB>
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
 void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   const unsigned gx = unsigned((w.rows + 16 * RT - 1) / (16 * RT)), gm = unsigned((M + 8 * NT - 1) / (8 * NT));
   const bool m_fast = gm > 1 && gx <= 65535u;
   const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
-  mma_linear_kernel<RT, NT, KS, U, PF, LD, MINB><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+  mma_linear_kernel<RT, NT, KS, U, PF, LD, KC, MINB><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
 }
 
 // A kernel configuration. The K split is a rule of the shape alone: KST warps a block for "tall"
@@ -397,24 +401,26 @@ void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y
 // (tall; short matrices keep RT1 = 1: 1536 rows are only 96 tiles for 132 SMs), U1 k32 blocks a
 // load batch and OCC1 warps an SM asked of ptxas (tall only: short grids are < 1 wave anyway);
 // M > 8 runs 16 / 24 / 32-token tiles with RTW 16-row tiles a warp (tall; short: 1) and UW.
-// PF: software pipeline; LD: weight load flavour (load_w).
-template <int KST_, int KSS_, int RT1_, int U1_, int OCC1_, int RTW_, int UW_, bool PF_, int LD_>
+// PF: software pipeline; LD: weight load flavour (load_w); KC: runs of U consecutive k32 blocks a
+// warp (bf16_warp; U1 == UW then, as U is part of the order).
+template <int KST_, int KSS_, int RT1_, int U1_, int OCC1_, int RTW_, int UW_, bool PF_, int LD_, bool KC_ = false>
 struct Config {
   static constexpr int KST = KST_, KSS = KSS_, RT1 = RT1_, U1 = U1_, OCC1 = OCC1_, RTW = RTW_, UW = UW_, LD = LD_;
-  static constexpr bool PF = PF_;
+  static constexpr bool PF = PF_, KC = KC_;
+  static_assert(!KC || U1 == UW, "with KC the load batch is part of the reduction order: U1 must equal UW");
 };
 
 template <class C, int KS, bool TALL>
 void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   constexpr int RT1 = TALL ? C::RT1 : 1, RTW = TALL ? C::RTW : 1, MINB = TALL && C::OCC1 / KS > 1 ? C::OCC1 / KS : 1;
   if (M <= 8)
-    launch<RT1, 1, KS, C::U1, C::PF, C::LD, MINB>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RT1, 1, KS, C::U1, C::PF, C::LD, C::KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 16)
-    launch<RTW, 2, KS, C::UW, C::PF, C::LD, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 2, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 24)
-    launch<RTW, 3, KS, C::UW, C::PF, C::LD, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 3, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else
-    launch<RTW, 4, KS, C::UW, C::PF, C::LD, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 4, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
 }
 
 template <class C>
@@ -437,23 +443,29 @@ struct ConfigEntry {
 // Registers (ptxas -v, M ≤ 8 kernel of a tall matrix) in brackets; none spills.
 //  0 base: the first version — KS 4/8, U 4, no pipeline: 4 KB a warp only while it waits, none
 //    while it splits x and runs MMAs [108] → 4 blocks an SM = 528 slots for 1024 blocks, 16 warps.
-//  1 pf: pipelined U 1 (1 KB always in flight, 1 KB being used), L1::no_allocate, ≤ 64 registers
+//  1 pf: pipelined U 1 (1 KB always in flight, 1 KB being used), L1::no_allocate [60]
 //    → 8 blocks (32 warps) an SM: 1056 slots ≥ 1024 blocks, one wave; 32–64 KB/SM in flight.
 //  2 pf-u4: pipelined U 4 [128] → 4 blocks (16 warps): 528 slots = 2 whole waves; 64–128 KB.
-//  3 rt2: 32 rows a warp (each x split serves twice the weights), pipelined U 2, 16 warps an SM:
+//  3 rt2: 32 rows a warp (each x split serves twice the weights), pipelined U 2 [124], 16 warps:
 //    512 blocks ≤ 528 slots, one wave; 16 × 4 KB = 64 KB.
-//  4 rt2-ks8: KS 8/16 (each warp half the K), 32 rows a warp, U 1 pipelined, 16 warps: 512 blocks
+//  4 rt2-ks8: KS 8/16 (each warp half the K), 32 rows a warp, U 1 pipelined [94], 16 warps: 512 blocks
 //    of 8 warps / 264 slots ≈ 2 waves; 16 × 2–4 KB; short matrices get 16 warps an SM.
-//  5 rt4-ks8: 64 rows a warp, KS 8/16, U 1 pipelined, 16 warps: 256 blocks ≤ 264 slots; 16 × 4 KB.
+//  5 rt4-ks8: 64 rows a warp, KS 8/16, U 1 pipelined [124], 16 warps: 256 blocks ≤ 264 slots; 16 × 4 KB.
 //  6 rt2-l2: 3 with the L2::256B prefetch hint (whole 256-B runs from HBM per 64-B request).
 //  7 pf-ldg: 1 with __ldg (isolates L1::no_allocate: x then competes with weights for L1).
 //  8 ks8: KS 8/16, 16 rows a warp, U 2 pipelined [87], 16 warps: 1024 blocks / 264 slots ≈ 4 waves;
 //    16 × 2–4 KB.
-//  9 u8: no pipeline but 8 k32 blocks a batch (8 KB a warp), 16 warps: 128 KB/SM at issue, 2 waves.
-// 10 rt2-u4: 3 with U 4 pipelined (8 KB a warp) but 8 warps an SM (≤ 255 registers): 512 blocks
+//  9 u8: no pipeline but 8 k32 blocks a batch (8 KB a warp) [116], 16 warps: 128 KB/SM at issue, 2 waves.
+// 10 rt2-u4: 3 with U 4 pipelined (8 KB a warp) but 8 warps an SM [213]: 512 blocks
 //    / 264 slots ≈ 2 waves; 8 × 8 KB = 64 KB in fewer, longer streams.
 // 11 rt2-ks2: KS 2/8, 32 rows a warp, U 2 pipelined, 16 warps: 512 blocks of 2 warps, 1024 slots
 //    (half the SMs' warps busy at once, each streaming twice the K of 3).
+// 12 kc: 16 rows a warp, runs of 2 consecutive k32 blocks a warp (each load pair fills whole
+//    128-B lines of its 16 rows, as the CUDA-core GEMV's loads do), U 2 pipelined [86] → 5 blocks
+//    (20 warps) an SM: 660 slots for 1024 blocks (1.55 waves; compare with 8).
+// 13 rt2-kc: 3 with runs of 2 consecutive k32 blocks. 14 rt2-kcl2: 13 with the L2::256B hint.
+// 15 w-rt1: 1 for M ≤ 8; wide tiles with 16 rows a warp and U 1 (fewer registers than RTW 2's
+//    180–210, which leave 2 blocks = 8 warps an SM at M > 8 in every other config).
 constexpr ConfigEntry kConfigs[] = {
     {"base", &dispatch<Config<4, 8, 1, 4, 0, 2, 4, false, 0>>},
     {"pf", &dispatch<Config<4, 8, 1, 1, 32, 2, 2, true, 1>>},
@@ -467,12 +479,27 @@ constexpr ConfigEntry kConfigs[] = {
     {"u8", &dispatch<Config<4, 8, 1, 8, 16, 2, 4, false, 1>>},
     {"rt2-u4", &dispatch<Config<4, 8, 2, 4, 8, 2, 2, true, 1>>},
     {"rt2-ks2", &dispatch<Config<2, 8, 2, 2, 16, 2, 2, true, 1>>},
+    {"kc", &dispatch<Config<4, 8, 1, 2, 16, 2, 2, true, 1, true>>},
+    {"rt2-kc", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 1, true>>},
+    {"rt2-kcl2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 2, true>>},
+    {"w-rt1", &dispatch<Config<4, 8, 1, 1, 32, 1, 1, true, 1>>},
 };
 constexpr int kConfigCount = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
-// The production configuration (the sweep's winner); set_mma_config overrides it (tests only).
+// The production configuration (the sweep's winner). KDTREE_CUDA_MMA_CONFIG (read once) or
+// set_mma_config overrides it — for sweeps and benchmarks only.
 constexpr int kDefaultConfig = 0;
-std::atomic<int> g_mma_config{kDefaultConfig};
+std::atomic<int> g_mma_config{-1};  // -1: the environment, else kDefaultConfig
+
+int config_from_env() {
+  const char* e = std::getenv("KDTREE_CUDA_MMA_CONFIG");
+  if (e == nullptr || *e == '\0') return kDefaultConfig;
+  char* end = nullptr;
+  const long c = std::strtol(e, &end, 10);
+  if (*end != '\0' || c < 0 || c >= kConfigCount)
+    fail("KDTREE_CUDA_MMA_CONFIG must be a config number in [0, ", kConfigCount, "), not '", std::string(e), "'");
+  return int(c);
+}
 
 // A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
 int env_switch(const char* name) {
@@ -515,7 +542,7 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   if (M <= 0) return true;
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
-  kConfigs[g_mma_config.load()].fn(w, x, ldx, M, y, ldy, ep, s);
+  kConfigs[mma_config()].fn(w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear (MMA)");
   return true;
 }
@@ -525,7 +552,12 @@ const char* mma_config_name(int c) {
   if (c < 0 || c >= kConfigCount) fail("MMA config ", c, " out of range [0, ", kConfigCount, ")");
   return kConfigs[c].name;
 }
-int mma_config() { return g_mma_config.load(); }
+int mma_config() {
+  const int c = g_mma_config.load();
+  if (c >= 0) return c;
+  static const int from_env = config_from_env();
+  return from_env;
+}
 void set_mma_config(int c) {
   if (c < 0 || c >= kConfigCount) fail("MMA config ", c, " out of range [0, ", kConfigCount, ")");
   g_mma_config.store(c);
