@@ -1,14 +1,16 @@
 // The tensor-core path of cuda::linear (mma.cu; bf16 weights, fp32 x split into three bf16 parts):
 // op parity against fp64 and a plain fp32 loop at K2's shapes (the flash-attention rule, DESIGN.md
 // §2), bitwise row invariance (every row of a batch == the same row alone, M = 1, for every token
-// tile variant and epilogue), the epilogues against the store output, and a timing printout of the
-// MMA path against the CUDA-core path (not asserted). Every test skips without a GPU.
+// tile variant and epilogue), the epilogues against the store output, a timing printout of the
+// MMA path against the CUDA-core path (not asserted), and a sweep over the MMA kernel configurations
+// (parity and invariance asserted for each, timings printed). Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -268,6 +270,134 @@ TEST(CudaMma, TimingPrintout) {
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+  }
+}
+
+// Selects an MMA kernel configuration for one scope and restores the one that was there.
+struct ConfigScope {
+  int before;
+  explicit ConfigScope(int c) : before(cuda::mma_config()) { cuda::set_mma_config(c); }
+  ~ConfigScope() { cuda::set_mma_config(before); }
+  ConfigScope(const ConfigScope&) = delete;
+  ConfigScope& operator=(const ConfigScope&) = delete;
+};
+
+// Median time (µs) of one cuda::linear call over 21 after 3 warm-ups, CUDA events; call i reads
+// weight copy i % copies.size() (copies > 3× L2 together, so every call streams from HBM).
+double median_us(const std::vector<cuda::DevMatrix>& copies, const float* x, int64_t M, float* y) {
+  cudaEvent_t e0, e1;
+  cuda::check(cudaEventCreate(&e0), "event");
+  cuda::check(cudaEventCreate(&e1), "event");
+  size_t i = 0;
+  auto once = [&] {
+    const cuda::DevMatrix& d = copies[i++ % copies.size()];
+    cuda::linear(d, x, d.cols, M, y, d.rows, Epilogue::store, nullptr);
+  };
+  for (int r = 0; r < 3; ++r) once();
+  std::vector<float> ms;
+  for (int r = 0; r < 21; ++r) {
+    cuda::check(cudaEventRecord(e0, nullptr), "record");
+    once();
+    cuda::check(cudaEventRecord(e1, nullptr), "record");
+    cuda::check(cudaEventSynchronize(e1), "sync");
+    float v = 0;
+    cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
+    ms.push_back(v);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
+}
+
+// Every kernel configuration of the bf16 MMA path (cuda::set_mma_config): asserted — parity against
+// fp64 (≤ 2× the plain fp32 loop's error) at 7168x2048 and 1536x7168, M = 17, and every row of M = 5 / 9 / 17 / 33
+// bit-equal to the row alone (M = 1) for a tall (7168x2048) and a short (1536x7168) matrix, i.e.
+// both K-split rules and all four token tiles; printed — µs and GB/s of weight bytes (median of 21)
+// for M = 1, 2, 4, 8, 17, 33 at four shapes, with the CUDA-core path as the first row.
+TEST(CudaMma, ConfigSweep) {
+  REQUIRE_GPU();
+  std::mt19937 rng(301);
+  const Matrix tall(7168, 2048, rng), shrt(1536, 7168, rng);
+  const int64_t Mmax = 33;
+  const std::vector<float> xt = normal_x(Mmax * tall.cols, rng), xs = normal_x(Mmax * shrt.cols, rng);
+  std::vector<double> ref, ref_s;
+  std::vector<float> plain, plain_s;
+  references(tall, xt, 17, ref, plain);
+  references(shrt, xs, 17, ref_s, plain_s);
+  const double e_plain = rel_err(plain, ref, plain.size()), e_plain_s = rel_err(plain_s, ref_s, plain_s.size());
+  MmaScope on(true);
+  ASSERT_TRUE(cuda::mma_eligible(tall.dev()) && cuda::mma_eligible(shrt.dev()));
+  const int n_cfg = cuda::mma_config_count();
+  std::printf("mma configs: err/plain-fp32-err vs fp64 at M=17, 7168x2048 (plain %.3g) & 1536x7168 (plain %.3g); "
+              "row invariance (inv):\n", e_plain, e_plain_s);
+  for (int c = 0; c < n_cfg; ++c) {
+    ConfigScope cs(c);
+    const std::vector<float> y17 = run(tall, xt.data(), 17, Epilogue::store), y17s = run(shrt, xs.data(), 17, Epilogue::store);
+    bool finite = true;
+    for (float v : y17) finite = finite && std::isfinite(v);
+    for (float v : y17s) finite = finite && std::isfinite(v);
+    const double r = rel_err(y17, ref, y17.size()) / e_plain, rs = rel_err(y17s, ref_s, y17s.size()) / e_plain_s;
+    int bad = 0;  // rows of a batch differing from the row alone, over both matrices and all M
+    for (const Matrix* a : {&tall, &shrt}) {
+      const std::vector<float>& x = a == &tall ? xt : xs;
+      std::vector<float> alone(static_cast<size_t>(Mmax * a->rows));
+      for (int64_t m = 0; m < Mmax; ++m) {
+        const std::vector<float> y1 = run(*a, &x[size_t(m * a->cols)], 1, Epilogue::store);
+        std::copy(y1.begin(), y1.end(), alone.begin() + m * a->rows);
+      }
+      for (int64_t M : {5, 9, 17, 33}) {
+        const std::vector<float> y = run(*a, x.data(), M, Epilogue::store);
+        for (int64_t m = 0; m < M; ++m)
+          bad += std::memcmp(&y[size_t(m * a->rows)], &alone[size_t(m * a->rows)], size_t(a->rows) * 4) != 0;
+      }
+    }
+    std::printf("  %2d %-8s %.2f %.2f %-4s inv %-4s%s", c, cuda::mma_config_name(c), r, rs,
+                finite && r <= 2 && rs <= 2 ? "ok" : "FAIL", bad == 0 ? "ok" : "FAIL", c % 3 == 2 || c == n_cfg - 1 ? "\n" : " |");
+    EXPECT_TRUE(finite) << "config " << c << ": unwritten or non-finite output";
+    EXPECT_LE(r, 2.0) << "config " << c << " (" << cuda::mma_config_name(c) << ") 7168x2048";
+    EXPECT_LE(rs, 2.0) << "config " << c << " (" << cuda::mma_config_name(c) << ") 1536x7168";
+    EXPECT_EQ(0, bad) << "config " << c << " (" << cuda::mma_config_name(c) << "): rows differ from M = 1";
+  }
+
+  int dev = 0;
+  cudaDeviceProp prop{};
+  cuda::check(cudaGetDevice(&dev), "device");
+  cuda::check(cudaGetDeviceProperties(&prop, dev), "properties");
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const int64_t Ms[] = {1, 2, 4, 8, 17, 33};
+  for (const Shape sh : {Shape{16384, 7168}, Shape{7168, 8192}, Shape{1536, 7168}, Shape{2048, 7168}}) {
+    const size_t bytes = size_t(sh.rows * sh.cols) * 2;
+    const size_t n_copies = std::max<size_t>(1, (3 * size_t(prop.l2CacheSize) + bytes - 1) / bytes);
+    std::vector<std::unique_ptr<DevBuf>> bufs;
+    std::vector<cuda::DevMatrix> copies;
+    for (size_t i = 0; i < n_copies; ++i) {
+      bufs.push_back(std::make_unique<DevBuf>(bytes));
+      cuda::fill_bf16(static_cast<uint16_t*>(bufs.back()->p), sh.rows * sh.cols, 1.0f / std::sqrt(float(sh.cols)), 7 + i, nullptr);
+      cuda::DevMatrix d;
+      d.rows = sh.rows;
+      d.cols = sh.cols;
+      d.w = bufs.back()->p;
+      copies.push_back(d);
+    }
+    DevBuf dx(size_t(64 * sh.cols) * 4), dy(size_t(64 * sh.rows) * 4);
+    cuda::fill_f32(static_cast<float*>(dx.p), 64 * sh.cols, -1.0f, 1.0f, 8, nullptr);
+    cuda::check(cudaDeviceSynchronize(), "fill");
+    const double gb = double(bytes) / 1e9;
+    std::printf("%lldx%lld bf16 %.0f MB x%zu copies | us/GBps at M = 1 2 4 8 17 33\n", (long long)sh.rows,
+                (long long)sh.cols, gb * 1e3, n_copies);
+    for (int c = -1; c < n_cfg; ++c) {
+      MmaScope mode(c >= 0);
+      ConfigScope cs(c >= 0 ? c : cuda::mma_config());
+      std::printf("  %2d %-8s", c, c >= 0 ? cuda::mma_config_name(c) : "core");
+      for (int64_t M : Ms) {
+        const double us = median_us(copies, static_cast<const float*>(dx.p), M, static_cast<float*>(dy.p));
+        std::printf(" %6.1f/%4.0f", us, gb / (us * 1e-6));
+      }
+      std::printf("\n");
+    }
   }
 }
 

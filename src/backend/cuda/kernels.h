@@ -74,6 +74,14 @@ bool mma_enabled();
 bool mma_eligible(const DevMatrix& w);
 bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
                 cudaStream_t s);
+// Kernel configurations of the bf16 MMA path (tile shape, K split, loads in flight; mma.cu lists
+// them): each keeps rows invariant to M, but two configurations may differ in the last bits. For
+// sweeps and benchmarks only: production runs mma.cu's kDefaultConfig unless KDTREE_CUDA_MMA_CONFIG
+// (read once) or set_mma_config picks another; both fail out of range.
+int mma_config_count();
+const char* mma_config_name(int c);
+int mma_config();
+void set_mma_config(int c);
 // The same for INT4 routed experts (expert_linear(); W4A16 through bf16 MMAs: nibbles − 8 exact in
 // bf16, each group's 32 columns into a fresh fragment, times the group scale into fp32): its own
 // switch, set_expert_mma(true) or KDTREE_CUDA_MMA_EXPERTS=1, off by default; every token count.

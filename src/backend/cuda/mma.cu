@@ -84,17 +84,172 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t q, int j) {
   return r;
 }
 
-// One warp's share of a 16·RT (weight rows) × 8·NT (tokens) tile: acc[rt][nt][i] (D fragment
-// layout: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2) over the warp's
-// K-slice, in a fixed order. xr[nt]: token g of tile nt, null past the batch (its B column is zero).
-// bf16: k32 blocks w, w + KS, … (each 64 contiguous bytes a row); each k16 step's three MMAs go
-// into a fresh fragment, added to acc. INT4: groups of 32 in runs of U consecutive groups (runs w,
-// w + KS, …, so a warp's 4-byte word loads fill whole sectors); a group's 6 MMAs (2 steps × 3
-// parts) go into a fresh fragment, then acc = fma(scale, it, acc) — the group's scale is per row.
-// INT4 step s: logical columns 2t, 2t+1 | 2t+8, 2t+9 are nibbles 2s, 2s+4 | 2s+1, 2s+5 of the word.
-template <bool INT4, int RT, int NT, int KS, int U>
-__device__ __forceinline__ void mma_warp(const void* wbase, const uint16_t* sbase, int64_t rows, int64_t K, int64_t row0,
-                                         const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
+// x of one k32 block at physical column k (= kb · 32 + 8t) for NT token tiles: xv[nt] = the 8
+// floats of token g of tile nt (xr[nt], null past the batch: zeros); columns ≥ K read zeros.
+template <int NT>
+__device__ __forceinline__ void x_load(const float* const (&xr)[NT], int64_t K, int64_t k, float4 (&xv)[NT][2]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xv[nt][0] = xv[nt][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (xr[nt] != nullptr && k < K) {
+      const float4* p = reinterpret_cast<const float4*>(xr[nt] + k);
+      xv[nt][0] = p[0];
+      xv[nt][1] = p[1];
+    }
+  }
+}
+
+// Their B fragments: [tile][step][part: hi, mid, lo][register: columns 2t, 2t+1 | 2t+8, 2t+9].
+template <bool INT4, int NT>
+__device__ __forceinline__ void x_split(const float4 (&xv)[NT][2], uint32_t (&bf)[NT][2][3][2]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float4 x0 = xv[nt][0], x1 = xv[nt][1];
+    // bf16: step s pairs physical columns (4s, 4s+1), (4s+2, 4s+3); INT4: (s', s'+4), (s'+1, s'+5), s' = 2s.
+    const Split3 p00 = INT4 ? split3(x0.x, x1.x) : split3(x0.x, x0.y);
+    const Split3 p01 = INT4 ? split3(x0.y, x1.y) : split3(x0.z, x0.w);
+    const Split3 p10 = INT4 ? split3(x0.z, x1.z) : split3(x1.x, x1.y);
+    const Split3 p11 = INT4 ? split3(x0.w, x1.w) : split3(x1.z, x1.w);
+    bf[nt][0][0][0] = p00.hi, bf[nt][0][1][0] = p00.mid, bf[nt][0][2][0] = p00.lo;
+    bf[nt][0][0][1] = p01.hi, bf[nt][0][1][1] = p01.mid, bf[nt][0][2][1] = p01.lo;
+    bf[nt][1][0][0] = p10.hi, bf[nt][1][1][0] = p10.mid, bf[nt][1][2][0] = p10.lo;
+    bf[nt][1][0][1] = p11.hi, bf[nt][1][1][1] = p11.mid, bf[nt][1][2][1] = p11.lo;
+  }
+}
+
+// d += A · (lo, mid, hi parts of B): small parts first.
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[3][2]) {
+  mma_bf16(d, a, b[2][0], b[2][1]);
+  mma_bf16(d, a, b[1][0], b[1][1]);
+  mma_bf16(d, a, b[0][0], b[0][1]);
+}
+
+// One 16-byte weight load. LD 0: __ldg (read-only path, allocates in L1); 1: ld.global.nc with
+// L1::no_allocate (streamed weights do not evict x, which every block re-reads, from L1); 2: the
+// same plus the L2::256B prefetch hint (a 64-byte request fetches its whole 256-byte run from HBM).
+// volatile: the compiler must not speculate the load out of its `k < K` guard (past the buffer).
+template <int LD>
+__device__ __forceinline__ uint4 load_w(const uint16_t* p) {
+  uint4 v;
+  if constexpr (LD == 0) {
+    v = __ldg(reinterpret_cast<const uint4*>(p));
+  } else if constexpr (LD == 1) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  } else {
+    static_assert(LD == 2, "weight load flavour: 0, 1 or 2");
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  }
+  return v;
+}
+
+// One warp's share of a 16·RT (weight rows) × 8·NT (tokens) bf16 tile: acc[rt][nt][i] (D fragment
+// layout: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2) over k32 blocks
+// w, w + KS, … (each 64 contiguous bytes a row), in k order; each k16 step's three MMAs go into a
+// fresh fragment, added to acc. U: k32 blocks whose weight loads are issued together; PF: software
+// pipeline — the next U blocks' loads are issued before this batch's MMAs (twice the registers, but
+// the warp never waits on HBM with nothing in flight). KC: the warp takes runs of U consecutive k32
+// blocks instead (runs w, w + KS, …: a batch's loads fill whole 128-byte lines of each row) — then
+// U is part of the order. None of PF, LD, RT, NT (nor U without KC) changes the order.
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC>
+__device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0,
+                                          const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint16_t* wp[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped), at column 8t
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wp[rt][h] = w16 + min(row0 + rt * 16 + g + 8 * h, rows - 1) * K + 8 * t;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+  const int64_t nkb = (K + 31) / 32, stride = int64_t(U) * KS, first = KC ? int64_t(warp) * U : int64_t(warp);
+  constexpr int USTEP = KC ? 1 : KS;  // k32 blocks between a batch's consecutive loads
+  // x of a whole batch is loaded before its first split when that stays small (U · NT · 8 registers).
+  constexpr bool XPRE = U * NT <= 4;
+
+  auto load = [&](int64_t kb0, uint4 (&wv)[U][RT][2]) {  // columns ≥ K (blocks past the end) read zeros
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = (kb0 + int64_t(u) * USTEP) * 32;
+      const bool in = k + 8 * t < K;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wv[u][rt][h] = in ? load_w<LD>(wp[rt][h] + k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto compute = [&](int64_t kb0, const uint4 (&wv)[U][RT][2]) {
+    float4 xv[XPRE ? U : 1][NT][2];
+    if constexpr (XPRE) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) x_load<NT>(xr, K, (kb0 + int64_t(u) * USTEP) * 32 + 8 * t, xv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kb = kb0 + int64_t(u) * USTEP;
+      if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
+      uint32_t bf[NT][2][3][2];
+      if constexpr (XPRE) {
+        x_split<false, NT>(xv[u], bf);
+      } else {
+        x_load<NT>(xr, K, kb * 32 + 8 * t, xv[0]);
+        x_split<false, NT>(xv[0], bf);
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
+          const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
+          const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma3(d, a, bf[nt][s]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+          }
+        }
+    }
+  };
+
+  uint4 wv[U][RT][2];
+  if constexpr (PF) {
+    load(first, wv);
+    for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
+      uint4 nx[U][RT][2];
+      load(kb0 + stride, nx);  // past the end: predicated off, zeros
+      compute(kb0, wv);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) wv[u][rt][h] = nx[u][rt][h];
+    }
+  } else {
+    for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
+      load(kb0, wv);
+      compute(kb0, wv);
+    }
+  }
+}
+
+// One warp's share of a 16·RT (weight rows) × 8 (tokens) INT4 tile: groups of 32 in runs of U
+// consecutive groups (runs w, w + KS, …, so a warp's 4-byte word loads fill whole sectors); a group's
+// 6 MMAs (2 steps × 3 parts) go into a fresh fragment, then acc = fma(scale, it, acc) — the group's
+// scale is per row. Step s: logical columns 2t, 2t+1 | 2t+8, 2t+9 are nibbles 2s, 2s+4 | 2s+1, 2s+5
+// of the word.
+template <int RT, int KS, int U>
+__device__ __forceinline__ void int4_warp(const uint32_t* w32, const uint16_t* sbase, int64_t rows, int64_t K, int64_t row0,
+                                          const float* const (&xr)[1], float (&acc)[RT][1][4], int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
   int64_t wrow[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped)
 #pragma unroll
@@ -104,115 +259,44 @@ __device__ __forceinline__ void mma_warp(const void* wbase, const uint16_t* sbas
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.0f;
+  const int64_t nkb = (K + 31) / 32;  // INT4 groups
+  const int64_t words = K / 8;
+  for (int64_t kb0 = int64_t(warp) * U; kb0 < nkb; kb0 += int64_t(U) * KS) {
+    uint32_t wq[U][RT][2];
+    uint16_t ws[U][RT][2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
-  const int64_t nkb = (K + 31) / 32;  // k32 blocks = INT4 groups
-
-  // B fragments of one k32 block: [tile][step][part: hi, mid, lo][register: columns 2t, 2t+1 | 2t+8, 2t+9].
-  auto x_frags = [&](int64_t k, uint32_t (&bf)[NT][2][3][2]) {
+    for (int u = 0; u < U; ++u) {
+      const int64_t kb = kb0 + u;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (xr[nt] != nullptr && k < K) {
-        const float4* p = reinterpret_cast<const float4*>(xr[nt] + k);
-        x0 = p[0];
-        x1 = p[1];
-      }
-      // bf16: step s pairs physical columns (4s, 4s+1), (4s+2, 4s+3); INT4: (s', s'+4), (s'+1, s'+5), s' = 2s.
-      const Split3 p00 = INT4 ? split3(x0.x, x1.x) : split3(x0.x, x0.y);
-      const Split3 p01 = INT4 ? split3(x0.y, x1.y) : split3(x0.z, x0.w);
-      const Split3 p10 = INT4 ? split3(x0.z, x1.z) : split3(x1.x, x1.y);
-      const Split3 p11 = INT4 ? split3(x0.w, x1.w) : split3(x1.z, x1.w);
-      bf[nt][0][0][0] = p00.hi, bf[nt][0][1][0] = p00.mid, bf[nt][0][2][0] = p00.lo;
-      bf[nt][0][0][1] = p01.hi, bf[nt][0][1][1] = p01.mid, bf[nt][0][2][1] = p01.lo;
-      bf[nt][1][0][0] = p10.hi, bf[nt][1][1][0] = p10.mid, bf[nt][1][2][0] = p10.lo;
-      bf[nt][1][0][1] = p11.hi, bf[nt][1][1][1] = p11.mid, bf[nt][1][2][1] = p11.lo;
-    }
-  };
-  // d += A · (lo, mid, hi parts of B): small parts first.
-  auto mma3 = [](float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[3][2]) {
-    mma_bf16(d, a, b[2][0], b[2][1]);
-    mma_bf16(d, a, b[1][0], b[1][1]);
-    mma_bf16(d, a, b[0][0], b[0][1]);
-  };
-
-  if constexpr (!INT4) {
-    const uint16_t* w16 = static_cast<const uint16_t*>(wbase);
-    for (int64_t kb0 = warp; kb0 < nkb; kb0 += int64_t(U) * KS) {
-      uint4 wv[U][RT][2];
+      for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t k = (kb0 + int64_t(u) * KS) * 32 + 8 * t;
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            wv[u][rt][h] = k < K ? __ldg(reinterpret_cast<const uint4*>(w16 + wrow[rt][h] * K + k)) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t kb = kb0 + int64_t(u) * KS;
-        if (kb >= nkb) break;  // warp-uniform: every lane runs the MMAs
-        uint32_t bf[NT][2][3][2];
-        x_frags(kb * 32 + 8 * t, bf);
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int rt = 0; rt < RT; ++rt) {
-            // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
-            const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
-            const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma3(d, a, bf[nt][s]);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
-            }
-          }
-      }
-    }
-  } else {
-    const uint32_t* w32 = static_cast<const uint32_t*>(wbase);
-    const int64_t words = K / 8;
-    for (int64_t kb0 = int64_t(warp) * U; kb0 < nkb; kb0 += int64_t(U) * KS) {
-      uint32_t wq[U][RT][2];
-      uint16_t ws[U][RT][2];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t kb = kb0 + u;
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            wq[u][rt][h] = kb < nkb ? __ldg(w32 + wrow[rt][h] * words + kb * 4 + t) : 0u;
-            ws[u][rt][h] = kb < nkb ? __ldg(sbase + wrow[rt][h] * nkb + kb) : uint16_t(0);
-          }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t kb = kb0 + u;
-        if (kb >= nkb) break;  // warp-uniform
-        uint32_t bf[NT][2][3][2];
-        x_frags(kb * 32 + 8 * t, bf);
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) {
-          const uint32_t qg = wq[u][rt][0], qg8 = wq[u][rt][1];
-          const float sg = bf16_f(ws[u][rt][0]), sg8 = bf16_f(ws[u][rt][1]);
-          const uint32_t a0[4] = {nibble_pair(qg, 0), nibble_pair(qg8, 0), nibble_pair(qg, 1), nibble_pair(qg8, 1)};
-          const uint32_t a1[4] = {nibble_pair(qg, 2), nibble_pair(qg8, 2), nibble_pair(qg, 3), nibble_pair(qg8, 3)};
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma3(d, a0, bf[nt][0]);
-            mma3(d, a1, bf[nt][1]);
-            acc[rt][nt][0] = fmaf(sg, d[0], acc[rt][nt][0]);
-            acc[rt][nt][1] = fmaf(sg, d[1], acc[rt][nt][1]);
-            acc[rt][nt][2] = fmaf(sg8, d[2], acc[rt][nt][2]);
-            acc[rt][nt][3] = fmaf(sg8, d[3], acc[rt][nt][3]);
-          }
+        for (int h = 0; h < 2; ++h) {
+          wq[u][rt][h] = kb < nkb ? __ldg(w32 + wrow[rt][h] * words + kb * 4 + t) : 0u;
+          ws[u][rt][h] = kb < nkb ? __ldg(sbase + wrow[rt][h] * nkb + kb) : uint16_t(0);
         }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kb = kb0 + u;
+      if (kb >= nkb) break;  // warp-uniform
+      float4 xv[1][2];
+      uint32_t bf[1][2][3][2];
+      x_load<1>(xr, K, kb * 32 + 8 * t, xv);
+      x_split<true, 1>(xv, bf);
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const uint32_t qg = wq[u][rt][0], qg8 = wq[u][rt][1];
+        const float sg = bf16_f(ws[u][rt][0]), sg8 = bf16_f(ws[u][rt][1]);
+        const uint32_t a0[4] = {nibble_pair(qg, 0), nibble_pair(qg8, 0), nibble_pair(qg, 1), nibble_pair(qg8, 1)};
+        const uint32_t a1[4] = {nibble_pair(qg, 2), nibble_pair(qg8, 2), nibble_pair(qg, 3), nibble_pair(qg8, 3)};
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma3(d, a0, bf[0][0]);
+        mma3(d, a1, bf[0][1]);
+        acc[rt][0][0] = fmaf(sg, d[0], acc[rt][0][0]);
+        acc[rt][0][1] = fmaf(sg, d[1], acc[rt][0][1]);
+        acc[rt][0][2] = fmaf(sg8, d[2], acc[rt][0][2]);
+        acc[rt][0][3] = fmaf(sg8, d[3], acc[rt][0][3]);
       }
     }
   }
@@ -260,11 +344,12 @@ __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 
 
 // grid (ceil(M / (8·NT)), ceil(rows / (16·RT))) when m_fast (a row group's token tiles are
 // neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
-// K-slice of the same 16·RT weight rows × 8·NT tokens. U: k32 blocks whose weight loads are issued
-// together (bytes in flight per warp).
-template <int RT, int NT, int KS, int U>
-__global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
-                                                           int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
+// K-slice of the same 16·RT weight rows × 8·NT tokens. MINB: blocks an SM must hold (ptxas caps
+// registers at 65536 / (MINB · 32 · KS) a thread), so that the grid's blocks fit in whole waves.
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
+__global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
+                                                                 int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
+  static_assert(sizeof(float) * KS * 8 * NT * (16 * RT + 4) <= 48 * 1024, "partials exceed 48 KB of static shared memory");
   __shared__ float part[KS][8 * NT][16 * RT + 4];  // per warp: [token][weight row]; +4: conflict-free stores
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
@@ -274,7 +359,7 @@ __global__ void __launch_bounds__(KS * 32) mma_linear_kernel(DevMatrix w, const 
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
   float acc[RT][NT][4];
-  mma_warp<false, RT, NT, KS, U>(w.w, nullptr, w.rows, w.cols, row0, xr, acc, warp, lane);
+  bf16_warp<RT, NT, KS, U, PF, LD, KC>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
   finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; });
 }
 
@@ -296,36 +381,124 @@ __global__ void __launch_bounds__(KS * 32) mma_expert_kernel(ExpertBatch b, cons
     const int mcount = min(8, cnt - t0);
     const float* xr[1] = {g < mcount ? x + int64_t(b.in_row[off + t0 + g]) * ldx : nullptr};
     float acc[RT][1][4];
-    mma_warp<true, RT, 1, KS, U>(wbase, sbase, b.w.rows, b.w.cols, row0, xr, acc, warp, lane);
+    int4_warp<RT, KS, U>(static_cast<const uint32_t*>(wbase), sbase, b.w.rows, b.w.cols, row0, xr, acc, warp, lane);
     finish_tile<RT, 1, KS>(part, acc, row0, b.w.rows, mcount, ep,
                            [&](int tok) { return y + int64_t(b.out_row[off + t0 + tok]) * ldy; });
   }
 }
 
-template <int RT, int NT, int KS, int U>
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
 void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   const unsigned gx = unsigned((w.rows + 16 * RT - 1) / (16 * RT)), gm = unsigned((M + 8 * NT - 1) / (8 * NT));
   const bool m_fast = gm > 1 && gx <= 65535u;
   const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
-  mma_linear_kernel<RT, NT, KS, U><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+  mma_linear_kernel<RT, NT, KS, U, PF, LD, KC, MINB><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
 }
 
-// The K split (warps a block) by shape: 4 for matrices of ≥ 4096 rows (enough blocks to fill 132
-// SMs), 8 below. Token tiles of 8 / 16 / 24 / 32 rows by M; 32 weight rows a block for wide tiles
-// of tall matrices (each x load and split then serves twice the weights: x comes from L2 once per
-// row tile), else 16. Four k32 blocks' weight loads in flight a warp (4–8 KB; ptxas: 71–177
-// registers, no spills). None of these changes a row's arithmetic.
-template <int KS>
+// A kernel configuration. The K split is a rule of the shape alone: KST warps a block for "tall"
+// matrices (≥ 4096 rows), KSS below; it fixes every row's reduction order, so everything else may
+// change with M without changing a bit: M ≤ 8 runs one 8-token tile with RT1 16-row tiles a warp
+// (tall; short matrices keep RT1 = 1: 1536 rows are only 96 tiles for 132 SMs), U1 k32 blocks a
+// load batch and OCC1 warps an SM asked of ptxas (tall only: short grids are < 1 wave anyway);
+// M > 8 runs 16 / 24 / 32-token tiles with RTW 16-row tiles a warp (tall; short: 1) and UW.
+// PF: software pipeline; LD: weight load flavour (load_w); KC: runs of U consecutive k32 blocks a
+// warp (bf16_warp; U1 == UW then, as U is part of the order).
+template <int KST_, int KSS_, int RT1_, int U1_, int OCC1_, int RTW_, int UW_, bool PF_, int LD_, bool KC_ = false>
+struct Config {
+  static constexpr int KST = KST_, KSS = KSS_, RT1 = RT1_, U1 = U1_, OCC1 = OCC1_, RTW = RTW_, UW = UW_, LD = LD_;
+  static constexpr bool PF = PF_, KC = KC_;
+  static_assert(!KC || U1 == UW, "with KC the load batch is part of the reduction order: U1 must equal UW");
+};
+
+template <class C, int KS, bool TALL>
 void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
-  constexpr int RTW = KS == 4 ? 2 : 1;
+  constexpr int RT1 = TALL ? C::RT1 : 1, RTW = TALL ? C::RTW : 1, MINB = TALL && C::OCC1 / KS > 1 ? C::OCC1 / KS : 1;
   if (M <= 8)
-    launch<1, 1, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RT1, 1, KS, C::U1, C::PF, C::LD, C::KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 16)
-    launch<RTW, 2, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 2, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 24)
-    launch<RTW, 3, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 3, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else
-    launch<RTW, 4, KS, 4>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 4, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+}
+
+template <class C>
+void dispatch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  if (w.rows >= 4096)
+    dispatch_m<C, C::KST, true>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    dispatch_m<C, C::KSS, false>(w, x, ldx, M, y, ldy, ep, s);
+}
+
+using DispatchFn = void (*)(const DevMatrix&, const float*, int64_t, int64_t, float*, int64_t, Epilogue, cudaStream_t);
+struct ConfigEntry {
+  const char* name;
+  DispatchFn fn;
+};
+
+// The candidates (CudaMma.ConfigSweep times them all). "In flight" is weight bytes a warp has
+// requested and not yet consumed, for 16384x7168 at M = 1 (1024 16-row tiles, 132 SMs); an H200
+// SM needs roughly 32–64 KB in flight (≈ 4.8 TB/s × ~1 µs / 132) to stream at full bandwidth.
+// Registers (ptxas -v, M ≤ 8 kernel of a tall matrix) in brackets; none spills.
+//  0 base: the first version — KS 4/8, U 4, no pipeline: 4 KB a warp only while it waits, none
+//    while it splits x and runs MMAs [108] → 4 blocks an SM = 528 slots for 1024 blocks, 16 warps.
+//  1 pf: pipelined U 1 (1 KB always in flight, 1 KB being used), L1::no_allocate [60]
+//    → 8 blocks (32 warps) an SM: 1056 slots ≥ 1024 blocks, one wave; 32–64 KB/SM in flight.
+//  2 pf-u4: pipelined U 4 [128] → 4 blocks (16 warps): 528 slots = 2 whole waves; 64–128 KB.
+//  3 rt2: 32 rows a warp (each x split serves twice the weights), pipelined U 2 [124], 16 warps:
+//    512 blocks ≤ 528 slots, one wave; 16 × 4 KB = 64 KB.
+//  4 rt2-ks8: KS 8/16 (each warp half the K), 32 rows a warp, U 1 pipelined [94], 16 warps: 512 blocks
+//    of 8 warps / 264 slots ≈ 2 waves; 16 × 2–4 KB; short matrices get 16 warps an SM.
+//  5 rt4-ks8: 64 rows a warp, KS 8/16, U 1 pipelined [124], 16 warps: 256 blocks ≤ 264 slots; 16 × 4 KB.
+//  6 rt2-l2: 3 with the L2::256B prefetch hint (whole 256-B runs from HBM per 64-B request).
+//  7 pf-ldg: 1 with __ldg (isolates L1::no_allocate: x then competes with weights for L1).
+//  8 ks8: KS 8/16, 16 rows a warp, U 2 pipelined [87], 16 warps: 1024 blocks / 264 slots ≈ 4 waves;
+//    16 × 2–4 KB.
+//  9 u8: no pipeline but 8 k32 blocks a batch (8 KB a warp) [116], 16 warps: 128 KB/SM at issue, 2 waves.
+// 10 rt2-u4: 3 with U 4 pipelined (8 KB a warp) but 8 warps an SM [213]: 512 blocks
+//    / 264 slots ≈ 2 waves; 8 × 8 KB = 64 KB in fewer, longer streams.
+// 11 rt2-ks2: KS 2/8, 32 rows a warp, U 2 pipelined, 16 warps: 512 blocks of 2 warps, 1024 slots
+//    (half the SMs' warps busy at once, each streaming twice the K of 3).
+// 12 kc: 16 rows a warp, runs of 2 consecutive k32 blocks a warp (each load pair fills whole
+//    128-B lines of its 16 rows, as the CUDA-core GEMV's loads do), U 2 pipelined [86] → 5 blocks
+//    (20 warps) an SM: 660 slots for 1024 blocks (1.55 waves; compare with 8).
+// 13 rt2-kc: 3 with runs of 2 consecutive k32 blocks. 14 rt2-kcl2: 13 with the L2::256B hint.
+// 15 w-rt1: 1 for M ≤ 8; wide tiles with 16 rows a warp and U 1 (fewer registers than RTW 2's
+//    180–210, which leave 2 blocks = 8 warps an SM at M > 8 in every other config).
+constexpr ConfigEntry kConfigs[] = {
+    {"base", &dispatch<Config<4, 8, 1, 4, 0, 2, 4, false, 0>>},
+    {"pf", &dispatch<Config<4, 8, 1, 1, 32, 2, 2, true, 1>>},
+    {"pf-u4", &dispatch<Config<4, 8, 1, 4, 16, 2, 2, true, 1>>},
+    {"rt2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 1>>},
+    {"rt2-ks8", &dispatch<Config<8, 16, 2, 1, 16, 2, 1, true, 1>>},
+    {"rt4-ks8", &dispatch<Config<8, 16, 4, 1, 16, 2, 1, true, 1>>},
+    {"rt2-l2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 2>>},
+    {"pf-ldg", &dispatch<Config<4, 8, 1, 1, 32, 2, 2, true, 0>>},
+    {"ks8", &dispatch<Config<8, 16, 1, 2, 16, 2, 1, true, 1>>},
+    {"u8", &dispatch<Config<4, 8, 1, 8, 16, 2, 4, false, 1>>},
+    {"rt2-u4", &dispatch<Config<4, 8, 2, 4, 8, 2, 2, true, 1>>},
+    {"rt2-ks2", &dispatch<Config<2, 8, 2, 2, 16, 2, 2, true, 1>>},
+    {"kc", &dispatch<Config<4, 8, 1, 2, 16, 2, 2, true, 1, true>>},
+    {"rt2-kc", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 1, true>>},
+    {"rt2-kcl2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 2, true>>},
+    {"w-rt1", &dispatch<Config<4, 8, 1, 1, 32, 1, 1, true, 1>>},
+};
+constexpr int kConfigCount = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
+
+// The production configuration (the sweep's winner). KDTREE_CUDA_MMA_CONFIG (read once) or
+// set_mma_config overrides it — for sweeps and benchmarks only.
+constexpr int kDefaultConfig = 0;
+std::atomic<int> g_mma_config{-1};  // -1: the environment, else kDefaultConfig
+
+int config_from_env() {
+  const char* e = std::getenv("KDTREE_CUDA_MMA_CONFIG");
+  if (e == nullptr || *e == '\0') return kDefaultConfig;
+  char* end = nullptr;
+  const long c = std::strtol(e, &end, 10);
+  if (*end != '\0' || c < 0 || c >= kConfigCount)
+    fail("KDTREE_CUDA_MMA_CONFIG must be a config number in [0, ", kConfigCount, "), not '", std::string(e), "'");
+  return int(c);
 }
 
 // A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
@@ -369,12 +542,25 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   if (M <= 0) return true;
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
-  if (w.rows >= 4096)
-    dispatch_m<4>(w, x, ldx, M, y, ldy, ep, s);
-  else
-    dispatch_m<8>(w, x, ldx, M, y, ldy, ep, s);
+  kConfigs[mma_config()].fn(w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear (MMA)");
   return true;
+}
+
+int mma_config_count() { return kConfigCount; }
+const char* mma_config_name(int c) {
+  if (c < 0 || c >= kConfigCount) fail("MMA config ", c, " out of range [0, ", kConfigCount, ")");
+  return kConfigs[c].name;
+}
+int mma_config() {
+  const int c = g_mma_config.load();
+  if (c >= 0) return c;
+  static const int from_env = config_from_env();
+  return from_env;
+}
+void set_mma_config(int c) {
+  if (c < 0 || c >= kConfigCount) fail("MMA config ", c, " out of range [0, ", kConfigCount, ")");
+  g_mma_config.store(c);
 }
 
 bool expert_mma_enabled() {
