@@ -1,16 +1,84 @@
 #include "backend/cuda/cuda_generate.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "sample/rng.h"
 #include "sample/sampler.h"
 #include "backend/cuda/cuda_dflash.h"
+#include "backend/cuda/cuda_target_impl.h"
+#include "backend/cuda/kernels.h"
 #include "spec/round.h"
 #include "spec/tree.h"
 
 namespace kd {
+
+using cuda::check;
+
+namespace {
+
+// forward_impl (cuda_target.cpp) with the logits left on the device (m.logits, [n or 1, vocab]):
+// the same inputs, the same kernels or captured graph (want_logits), no logits download and no
+// sync. Taps: kept on the device (returned) when device_taps, else downloaded into a.taps.
+// (A logits_on_device flag on CudaTarget::forward would replace this copy when that file is free.)
+const float* forward_logits_on_device(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps,
+                                      std::vector<int32_t>* distinct) {
+  const ModelConfig& c = m.cfg;
+  if (a.form == AttnForm::expanded) fail("the CUDA backend runs the absorbed MLA form only");
+  if (a.logits) fail("internal: forward_logits_on_device keeps the logits on the device");
+  const int64_t n = a.n;
+  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility);
+  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
+  float* taps_dev = nullptr;
+  if (n_taps && (a.taps || device_taps)) {
+    for (int32_t t : *a.tap_layers)
+      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
+    if (m.taps_cap < n * n_taps * c.hidden_size) {
+      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
+      m.taps_cap = n * n_taps * c.hidden_size;
+    }
+    taps_dev = m.taps;
+  }
+  if (m.graphs && (n == 1 || !a.commit))
+    m.run_graphed(n, start + n, a.all_logits, true, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  else
+    m.run(n, start + n, a.all_logits, true, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  if (taps_dev && !device_taps)
+    check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
+          "download taps");
+  distinct->assign(size_t(c.num_hidden_layers), 0);
+  if (a.stats)
+    check(cudaMemcpyAsync(distinct->data(), m.active_log, distinct->size() * 4, cudaMemcpyDeviceToHost, m.stream),
+          "download counts");
+  if (a.commit) m.size = start + n;
+  return taps_dev;
+}
+
+// Device scratch of the greedy verify: argmax ids and their values, [rows] each.
+struct ArgmaxScratch {
+  int64_t rows = 0;
+  int32_t* ids = nullptr;
+  float* vals = nullptr;
+  ~ArgmaxScratch() {
+    if (ids) cudaFree(ids);
+    if (vals) cudaFree(vals);
+  }
+  void reserve(int64_t n) {
+    if (n <= rows) return;
+    if (ids) cudaFree(ids);
+    if (vals) cudaFree(vals);
+    ids = nullptr;
+    vals = nullptr;
+    rows = 0;
+    check(cudaMalloc(reinterpret_cast<void**>(&ids), size_t(n) * 4), "allocate verify argmax");
+    check(cudaMalloc(reinterpret_cast<void**>(&vals), size_t(n) * 4), "allocate verify argmax");
+    rows = n;
+  }
+};
+
+}  // namespace
 
 GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                                 const std::function<void(int32_t)>& on_token) {
@@ -73,7 +141,7 @@ GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& 
 
 SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std::vector<int32_t>& prompt,
                                 const GenerateOptions& opt, const SpecOptions& spec,
-                                const std::function<void(int32_t)>& on_token) {
+                                const std::function<void(int32_t)>& on_token, const CudaRoundOptions& round) {
   const ModelConfig& c = target.config();
   if (!spec.chain && spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
   const GenerationLimits lim = check_generation(c, prompt, opt);
@@ -149,17 +217,30 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
   t0 = now_s();
   int32_t bonus = choose(logits.data(), n_prompt);
   emit(bonus, logits.data());
+  // Round paths (cuda_generate.h): the tree builder's top-k from a GPU drafter's device logits;
+  // at temperature 0, the verify rows' argmax on the device (sample() is argmax there).
+  const bool device_top_k = gpu_drafter && round.device_top_k;
+  const bool device_argmax = opt.sampling.temperature == 0.0f && round.device_argmax;
+  CudaTarget::Impl& m = target.impl();
+  ArgmaxScratch am;
+  std::vector<int32_t> am_ids, distinct;
+  std::vector<float> am_vals, rows_h, bad_row;
   std::vector<float> draft_logits, vlogits, vtaps, acc_taps;
   while (!done) {
     const int64_t start = target.size();
     const int64_t L = std::min({B - 1, ctx - 1 - start, n_max - int64_t(r.output_ids.size())});
     if (L < 1) fail("internal: no draft position left at ", start);
     double td = now_s();
-    const DraftRound dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
+    DraftRound dr;
+    if (device_top_k) {
+      const DraftTopK top = gpu_drafter->draft_top_k(bonus, start, L, spec.chain ? 1 : std::min(spec.budget, V));
+      dr = make_round(spec.chain ? build_draft_chain(top) : build_draft_tree(top, spec.budget), bonus, start);
+    } else {
+      dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
+    }
     st.draft_ms += (now_s() - td) * 1e3;
 
     const int64_t n = dr.tree.size();
-    vlogits.resize(static_cast<size_t>(n * V));
     double tv = now_s();
     ForwardArgs a;
     a.ids = dr.tree.tokens.data();
@@ -168,14 +249,83 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
     a.visibility = dr.visibility.data();
     a.commit = false;
     a.all_logits = true;
-    a.logits = vlogits.data();
-    const float* vtaps_dev = run_forward(a, vtaps);
+    const float* vtaps_dev = nullptr;
+    if (device_argmax) {
+      // Logits stay on the device: their argmax per row (lowest index on ties, −1 on NaN, as
+      // sample() at temperature 0) and the value it picked (−inf: the row has no selectable token).
+      a.tap_layers = &taps_of;
+      a.stats = &fst;
+      if (host_taps) {
+        vtaps.resize(static_cast<size_t>(n * n_taps * hid));
+        a.taps = vtaps.data();
+      }
+      vtaps_dev = forward_logits_on_device(m, a, gpu_drafter && n_taps, &distinct);
+      am.reserve(n);
+      cuda::argmax_rows(m.logits, n, V, am.ids, m.stream);
+      cuda::gather_row_values(m.logits, V, am.ids, n, am.vals, m.stream);
+      am_ids.resize(size_t(n));
+      am_vals.resize(size_t(n));
+      check(cudaMemcpyAsync(am_ids.data(), am.ids, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download verify argmax");
+      check(cudaMemcpyAsync(am_vals.data(), am.vals, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download verify argmax");
+      check(cudaStreamSynchronize(m.stream), "verify");
+      fst.weight_bytes += m.weight_bytes_of(n, &distinct, n);
+    } else {
+      vlogits.resize(static_cast<size_t>(n * V));
+      a.logits = vlogits.data();
+      vtaps_dev = run_forward(a, vtaps);
+    }
+    if (!(gpu_drafter && n_taps)) vtaps_dev = nullptr;
     st.verify_ms += (now_s() - tv) * 1e3;
     ++st.target_forwards;
     ++st.rounds;
     st.drafted += n - 1;
 
-    const std::vector<int32_t> path = accept_walk(dr.tree, vlogits.data(), V, start, choose, emit, &bonus);
+    std::vector<int32_t> path;
+    if (device_argmax) {
+      // A row whose argmax is not a plain pick (NaN, or all −inf) goes to the host sampler, which
+      // throws the CPU path's error.
+      auto plain = [&](int32_t node) { return am_ids[size_t(node)] >= 0 && am_vals[size_t(node)] != -std::numeric_limits<float>::infinity(); };
+      auto row_of = [&](int32_t node, std::vector<float>& buf) {
+        buf.resize(static_cast<size_t>(V));
+        check(cudaMemcpy(buf.data(), m.logits + int64_t(node) * V, size_t(V) * 4, cudaMemcpyDeviceToHost), "download verify row");
+        return buf.data();
+      };
+      // The path the walk will take (no side effects), so the logits of its rows alone come down
+      // when the caller keeps logits: one copy per row, one sync.
+      std::vector<int32_t> walk = {0};
+      while (plain(walk.back())) {
+        const int32_t child = dr.tree.child_with_token(walk.back(), am_ids[size_t(walk.back())]);
+        if (child < 0) break;
+        walk.push_back(child);
+      }
+      if (opt.keep_logits) {
+        rows_h.resize(walk.size() * size_t(V));
+        for (size_t k = 0; k < walk.size(); ++k)
+          check(cudaMemcpyAsync(&rows_h[k * size_t(V)], m.logits + int64_t(walk[k]) * V, size_t(V) * 4, cudaMemcpyDeviceToHost,
+                                m.stream),
+                "download accepted logits");
+        check(cudaStreamSynchronize(m.stream), "accepted logits");
+      }
+      // accept_walk over the downloaded choices: the same emits in the same order.
+      path = {0};
+      int32_t cur = 0;
+      for (size_t k = 0;; ++k) {
+        const int64_t pos = start + dr.tree.depths[size_t(cur)] + 1;
+        const float* lg = opt.keep_logits && k < walk.size() ? &rows_h[k * size_t(V)] : nullptr;
+        const int32_t tok = plain(cur) ? am_ids[size_t(cur)] : choose(lg ? lg : row_of(cur, bad_row), pos);
+        if (opt.keep_logits && !lg) lg = row_of(cur, bad_row);
+        if (!emit(tok, lg)) break;
+        const int32_t child = dr.tree.child_with_token(cur, tok);
+        if (child < 0) {
+          bonus = tok;
+          break;
+        }
+        cur = child;
+        path.push_back(child);
+      }
+    } else {
+      path = accept_walk(dr.tree, vlogits.data(), V, start, choose, emit, &bonus);
+    }
     const int64_t tau = int64_t(path.size());
     st.accepted += tau - 1;
     ++st.tau_histogram[size_t(std::min(tau, B))];
