@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -110,12 +111,13 @@ std::vector<float> stress_rows(int64_t V, int64_t* rows) {
 
 TEST(DeviceDraftTopK, EqualsCpuBuilderBitwiseWithTies) {
   REQUIRE_GPU();
-  const int64_t V = 1000;
-  int64_t rows = 0;
-  const std::vector<float> x = stress_rows(V, &rows);
   DeviceDraftTopK d;
-  for (int64_t k : {int64_t(1), int64_t(4), int64_t(16), int64_t(64), V}) {
-    expect_same(device_top_k(d, x, rows, V, k), host_top_k(x, rows, V, k), cat("k = ", k));
+  // 1030: a second, short chunk (6 tokens) that runs out before k; 129 and V: the unchunked path.
+  for (int64_t V : {int64_t(1000), int64_t(1030)}) {
+    int64_t rows = 0;
+    const std::vector<float> x = stress_rows(V, &rows);
+    for (int64_t k : {int64_t(1), int64_t(4), int64_t(16), int64_t(64), int64_t(128), int64_t(129), V})
+      expect_same(device_top_k(d, x, rows, V, k), host_top_k(x, rows, V, k), cat("V = ", V, ", k = ", k));
   }
   std::printf("  %lld rows, %lld resolved from a full row\n", (long long)d.rows_done(), (long long)d.fallback_rows());
 }
@@ -134,8 +136,51 @@ TEST(DeviceDraftTopK, LargeVocabularyResolvesOnDevice) {
     x[size_t(p * V + (p * 7) % V)] = 7.5f;
   }
   DeviceDraftTopK d;
-  for (int64_t k : {int64_t(1), int64_t(16)}) expect_same(device_top_k(d, x, rows, V, k), host_top_k(x, rows, V, k), cat("k = ", k));
+  for (int64_t k : {int64_t(1), int64_t(16), int64_t(200)})  // 200: the unchunked path
+    expect_same(device_top_k(d, x, rows, V, k), host_top_k(x, rows, V, k), cat("k = ", k));
   EXPECT_EQ(d.fallback_rows(), 0) << "the bounds should pin every float of these rows";
+
+  // Cost per round at K2's shape (informational): the device pass + 2.3 KB download vs today's
+  // 9.8 MB download + host build.
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), x.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<float> host(x.size());
+  auto ms = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int64_t k : {int64_t(1), int64_t(16), int64_t(64), int64_t(200)}) {
+    d.run(dev, rows, V, k, nullptr);  // warm
+    const double dev_ms = ms([&] { d.run(dev, rows, V, k, nullptr); });
+    const double host_ms = ms([&] {
+      ASSERT_EQ(cudaMemcpy(host.data(), dev, x.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      (void)draft_top_k(host.data(), rows, V, k);
+    });
+    std::printf("  15 × 163840, k = %lld: device top-k %.3f ms; download + host top-k %.3f ms\n", (long long)k, dev_ms, host_ms);
+  }
+  cudaFree(dev);
+}
+
+// Confident rows (top probability 1 − 1e-2 … 1 − 1e-7): still bit-identical; how many need the
+// full-row fallback is printed (the bounds' width, ~1e-13, meets the float spacing of a logp
+// near 0 only for the most confident rows).
+TEST(DeviceDraftTopK, ConfidentRowsStayExact) {
+  REQUIRE_GPU();
+  const int64_t V = 163840, rows = 12;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows * V));
+  for (int64_t p = 0; p < rows; ++p) {
+    // margin m over a tail of V tokens near 0: p_top ≈ 1 / (1 + V e^-m).
+    const float margin = 16.0f + 1.2f * float(p);
+    for (int64_t v = 0; v < V; ++v) x[size_t(p * V + v)] = nd(rng) * 0.5f;
+    x[size_t(p * V + 31 * p + 3)] = margin;
+  }
+  DeviceDraftTopK d;
+  expect_same(device_top_k(d, x, rows, V, 8), host_top_k(x, rows, V, 8), "confident rows");
+  std::printf("  %lld confident rows, %lld resolved from a full row\n", (long long)rows, (long long)d.fallback_rows());
 }
 
 // Bad rows: the same error (text, position, token) as the CPU builder, in position order.
@@ -278,6 +323,35 @@ TEST(CudaRound, DevicePathsEqualHostPathsAndAr) {
                       (long long)cpu.on.stats.rounds, (long long)syn.on.stats.accepted);
         }
       }
+  }
+}
+
+// AR greedy without kept logits picks each step's token on the device: the same tokens, stop and
+// finish reason as the host path, graphed and launched, across the fixtures' configurations.
+TEST(CudaRound, ArDevicePickEqualsHostPick) {
+  REQUIRE_GPU();
+  for (const char* target : {"k2-bf16", "dsv3-group", "k2-int4", "k25-sharded"}) {
+    Checkpoint ck(fixture(target));
+    DeepseekV3 model(ck);
+    const ModelConfig& c = model.config();
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < 5; ++i) prompt.push_back(int32_t((i * 29 + 3) % c.vocab_size));
+    for (bool graphs : {true, false}) {
+      CudaTarget t(model, 64);
+      t.set_graphs(graphs);
+      GenerateOptions go;
+      go.max_new_tokens = 30;
+      go.ignore_eos = true;
+      const GenerateResult on = generate_ar_cuda(t, prompt, go);
+      const GenerateResult off = generate_ar_cuda(t, prompt, go, {}, CudaRoundOptions{true, false});
+      go.keep_logits = true;  // the host path whatever the option: an independent second reference
+      const GenerateResult kept = generate_ar_cuda(t, prompt, go);
+      EXPECT_EQ(on.output_ids, off.output_ids) << target << " graphs " << graphs;
+      EXPECT_EQ(on.output_ids, kept.output_ids) << target << " graphs " << graphs;
+      EXPECT_EQ(on.finish_reason, off.finish_reason);
+      EXPECT_EQ(on.decode_weight_bytes, off.decode_weight_bytes) << target;
+      EXPECT_TRUE(on.logits.empty());
+    }
   }
 }
 

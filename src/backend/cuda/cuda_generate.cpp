@@ -9,6 +9,7 @@
 #include "sample/sampler.h"
 #include "backend/cuda/cuda_dflash.h"
 #include "backend/cuda/cuda_target_impl.h"
+#include "backend/cuda/draft_top_k.h"
 #include "backend/cuda/kernels.h"
 #include "spec/round.h"
 #include "spec/tree.h"
@@ -78,10 +79,35 @@ struct ArgmaxScratch {
   }
 };
 
+// argmax_rows over the forward's logits [n, V] on the device (lowest index on ties, −1 on NaN:
+// sample()'s greedy choice) and the values it picked (−inf: the row has nothing selectable);
+// downloads both (n × 8 bytes) and waits, then counts the forward's weight bytes.
+void pick_on_device(CudaTarget::Impl& m, ArgmaxScratch& am, int64_t n, const std::vector<int32_t>& distinct,
+                   ForwardStats* stats, std::vector<int32_t>& ids, std::vector<float>& vals) {
+  const int64_t V = m.cfg.vocab_size;
+  am.reserve(n);
+  cuda::argmax_rows(m.logits, n, V, am.ids, m.stream);
+  cuda::gather_row_values(m.logits, V, am.ids, n, am.vals, m.stream);
+  ids.resize(size_t(n));
+  vals.resize(size_t(n));
+  check(cudaMemcpyAsync(ids.data(), am.ids, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download argmax");
+  check(cudaMemcpyAsync(vals.data(), am.vals, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download argmax");
+  check(cudaStreamSynchronize(m.stream), "forward");
+  if (stats) stats->weight_bytes += m.weight_bytes_of(n, &distinct, n);
+}
+
+bool plain_pick(int32_t id, float val) { return id >= 0 && val != -std::numeric_limits<float>::infinity(); }
+
+// Row `row` of the forward's logits [·, V], downloaded (a row the device pick cannot settle).
+void download_row(CudaTarget::Impl& m, int64_t row, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(m.cfg.vocab_size));
+  check(cudaMemcpy(out.data(), m.logits + row * m.cfg.vocab_size, out.size() * 4, cudaMemcpyDeviceToHost), "download logits row");
+}
+
 }  // namespace
 
 GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
-                                const std::function<void(int32_t)>& on_token) {
+                                const std::function<void(int32_t)>& on_token, const CudaRoundOptions& round) {
   const ModelConfig& c = target.config();
   const GenerationLimits lim = check_generation(c, prompt, opt);
   const int64_t n_prompt = lim.n_prompt, n_max = lim.n_max, V = c.vocab_size;
@@ -112,9 +138,22 @@ GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& 
   std::vector<float> step(last, last + V);
   st = {};
   t0 = now_s();
+  // Greedy decode without kept logits: each step's argmax on the device, 8 bytes down, not V × 4.
+  const bool device_pick = opt.sampling.temperature == 0.0f && !opt.keep_logits && round.device_argmax;
+  CudaTarget::Impl& m = target.impl();
+  ArgmaxScratch am;
+  std::vector<int32_t> pick_ids, distinct;
+  std::vector<float> pick_vals;
+  bool step_on_host = true;  // `step` holds this position's logits (the prefill's; host decode steps)
   for (int64_t i = 0;; ++i) {
     const int64_t pos = n_prompt + i;
-    const int32_t tok = sample(step.data(), int32_t(V), opt.sampling, position_uniform(opt.sampling.seed, opt.seq_id, uint64_t(pos)));
+    int32_t tok;
+    if (!step_on_host && plain_pick(pick_ids[0], pick_vals[0])) {
+      tok = pick_ids[0];
+    } else {
+      if (!step_on_host) download_row(m, 0, step);  // NaN or all −inf: sample() throws the CPU's error
+      tok = sample(step.data(), int32_t(V), opt.sampling, position_uniform(opt.sampling.seed, opt.seq_id, uint64_t(pos)));
+    }
     r.output_ids.push_back(tok);
     if (opt.keep_logits) r.logits.insert(r.logits.end(), step.begin(), step.end());
     if (on_token) on_token(tok);
@@ -129,9 +168,15 @@ GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& 
     ForwardArgs d;
     d.ids = &tok;
     d.n = 1;
-    d.logits = step.data();
     d.stats = &st;
-    target.forward(d);
+    if (device_pick) {
+      forward_logits_on_device(m, d, false, &distinct);
+      pick_on_device(m, am, 1, distinct, &st, pick_ids, pick_vals);
+      step_on_host = false;
+    } else {
+      d.logits = step.data();
+      target.forward(d);
+    }
     ++r.n_target_forwards;
   }
   r.decode_ms = (now_s() - t0) * 1e3;
@@ -219,7 +264,8 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
   emit(bonus, logits.data());
   // Round paths (cuda_generate.h): the tree builder's top-k from a GPU drafter's device logits;
   // at temperature 0, the verify rows' argmax on the device (sample() is argmax there).
-  const bool device_top_k = gpu_drafter && round.device_top_k;
+  const int64_t top_k = spec.chain ? 1 : std::min(spec.budget, V);
+  const bool device_top_k = gpu_drafter && round.device_top_k && top_k <= kMaxDeviceTopK;
   const bool device_argmax = opt.sampling.temperature == 0.0f && round.device_argmax;
   CudaTarget::Impl& m = target.impl();
   ArgmaxScratch am;
@@ -233,7 +279,7 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
     double td = now_s();
     DraftRound dr;
     if (device_top_k) {
-      const DraftTopK top = gpu_drafter->draft_top_k(bonus, start, L, spec.chain ? 1 : std::min(spec.budget, V));
+      const DraftTopK top = gpu_drafter->draft_top_k(bonus, start, L, top_k);
       dr = make_round(spec.chain ? build_draft_chain(top) : build_draft_tree(top, spec.budget), bonus, start);
     } else {
       dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
@@ -260,15 +306,7 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
         a.taps = vtaps.data();
       }
       vtaps_dev = forward_logits_on_device(m, a, gpu_drafter && n_taps, &distinct);
-      am.reserve(n);
-      cuda::argmax_rows(m.logits, n, V, am.ids, m.stream);
-      cuda::gather_row_values(m.logits, V, am.ids, n, am.vals, m.stream);
-      am_ids.resize(size_t(n));
-      am_vals.resize(size_t(n));
-      check(cudaMemcpyAsync(am_ids.data(), am.ids, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download verify argmax");
-      check(cudaMemcpyAsync(am_vals.data(), am.vals, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download verify argmax");
-      check(cudaStreamSynchronize(m.stream), "verify");
-      fst.weight_bytes += m.weight_bytes_of(n, &distinct, n);
+      pick_on_device(m, am, n, distinct, &fst, am_ids, am_vals);
     } else {
       vlogits.resize(static_cast<size_t>(n * V));
       a.logits = vlogits.data();
@@ -284,10 +322,9 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
     if (device_argmax) {
       // A row whose argmax is not a plain pick (NaN, or all −inf) goes to the host sampler, which
       // throws the CPU path's error.
-      auto plain = [&](int32_t node) { return am_ids[size_t(node)] >= 0 && am_vals[size_t(node)] != -std::numeric_limits<float>::infinity(); };
+      auto plain = [&](int32_t node) { return plain_pick(am_ids[size_t(node)], am_vals[size_t(node)]); };
       auto row_of = [&](int32_t node, std::vector<float>& buf) {
-        buf.resize(static_cast<size_t>(V));
-        check(cudaMemcpy(buf.data(), m.logits + int64_t(node) * V, size_t(V) * 4, cudaMemcpyDeviceToHost), "download verify row");
+        download_row(m, node, buf);
         return buf.data();
       };
       // The path the walk will take (no side effects), so the logits of its rows alone come down

@@ -10,8 +10,11 @@
 //     host tree build, the verify logits [n, V] (11.1 MB) for the host accept walk.
 //   now, GPU drafter, temperature 0: 2 syncs, ≈ 2.5 KB down — the drafter's top-k per position
 //     ([B − 1, k] ids + logits + 24 B of normaliser bounds: 2.3 KB; draft_top_k.h says why the
-//     tree is bit-identical), the verify argmax ids and picked values (n × 8 B) and the expert
-//     counts (4 B a layer). Uploads as before: the tree (ids, positions, key lists, < 2 KB), the
+//     tree is bit-identical; k ≤ 128, else the host path), the verify argmax ids and picked
+//     values (n × 8 B) and the expert counts (4 B a layer). Host work per round drops from the
+//     exp pass + partial sort over [B − 1, V] and the argmax over [n, V] (≈ 20+ ms at K2's vocab
+//     on the H200 host, download included) to a heap over k × (B − 1) entries; the device adds
+//     ≈ 1.1 ms (the exact-order normaliser bounds) and a few µs of argmax. Uploads as before: the tree (ids, positions, key lists, < 2 KB), the
 //     kept rows (τ × 4 B, no sync). keep_logits adds the accepted rows only (τ × V × 4 B, one more
 //     sync); a draft row whose normaliser bounds cannot pin a float (rare) comes whole (V × 4 B).
 //   temperature > 0: the verify logits still come down whole ([n, V]; sample() runs on the host —
@@ -35,16 +38,17 @@
 
 namespace kd {
 
+// Which parts of a step stay on the device; off = the host paths they replace (the tests compare
+// both). Either way the output is the same bits.
+struct CudaRoundOptions {
+  bool device_top_k = true;   // DDTree with a CudaDFlash drafter: the tree builder's top-k on the device
+  bool device_argmax = true;  // temperature 0: the verify rows' (AR: the step's, unless logits are
+                              // kept) argmax on the device
+};
+
 // The target's cache is reset first; it must hold prompt + max_new_tokens rows.
 GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
-                                const std::function<void(int32_t)>& on_token = {});
-
-// Which parts of a DDTree round stay on the device; off = the host paths they replace (the tests
-// compare both). Either way the output is the same bits.
-struct CudaRoundOptions {
-  bool device_top_k = true;   // a CudaDFlash drafter: the tree builder's top-k on the device
-  bool device_argmax = true;  // temperature 0: the verify rows' argmax on the device
-};
+                                const std::function<void(int32_t)>& on_token = {}, const CudaRoundOptions& round = {});
 
 // The cache must also hold one round's tree (budget + 1 rows, or block size in chain mode).
 SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std::vector<int32_t>& prompt,

@@ -18,13 +18,22 @@ using cuda::DraftRowInfo;
 DeviceDraftTopK::~DeviceDraftTopK() {
   if (dev_) cudaFree(dev_);
   if (host_) cudaFreeHost(host_);
+  if (cand_) cudaFree(cand_);
 }
 
 static size_t layout_bytes(int64_t rows, int64_t k) {
   return size_t(rows) * sizeof(DraftRowInfo) + size_t(rows * k) * 8;
 }
 
-void DeviceDraftTopK::reserve(int64_t rows, int64_t k) {
+void DeviceDraftTopK::reserve(int64_t rows, int64_t vocab, int64_t k) {
+  const size_t cand = size_t(cuda::draft_top_k_scratch(rows, vocab, k)) * 8;
+  if (cand > cand_bytes_) {
+    if (cand_) cudaFree(cand_);
+    cand_ = nullptr;
+    cand_bytes_ = 0;
+    check(cudaMalloc(&cand_, cand), "allocate draft top-k candidates");
+    cand_bytes_ = cand;
+  }
   const size_t need = layout_bytes(rows, k);
   if (need <= bytes_) return;
   if (dev_) cudaFree(dev_);
@@ -61,11 +70,11 @@ DraftTopK DeviceDraftTopK::run(const float* logits_dev, int64_t rows, int64_t vo
   if (rows < 1 || vocab < 1) fail("draft top-k: need at least one position and one token (got ", rows, " × ", vocab, ")");
   if (k < 1 || k > vocab) fail("draft top-k: k must be in [1, ", vocab, "] (got ", k, ")");
   if (vocab >= (int64_t(1) << 31) - 1) fail("draft top-k: vocabulary of ", vocab, " tokens is too large for int32 ids");
-  reserve(rows, k);
+  reserve(rows, vocab, k);
   auto* info_d = static_cast<DraftRowInfo*>(dev_);
   auto* ids_d = reinterpret_cast<int32_t*>(info_d + rows);
   auto* vals_d = reinterpret_cast<float*>(ids_d + rows * k);
-  cuda::draft_top_k(logits_dev, rows, vocab, k, ids_d, vals_d, info_d, s);
+  cuda::draft_top_k(logits_dev, rows, vocab, k, static_cast<unsigned long long*>(cand_), ids_d, vals_d, info_d, s);
   check(cudaMemcpyAsync(host_, dev_, layout_bytes(rows, k), cudaMemcpyDeviceToHost, s), "download draft top-k");
   check(cudaStreamSynchronize(s), "draft top-k");
   const auto* info = static_cast<const DraftRowInfo*>(host_);

@@ -9,7 +9,8 @@ namespace kd::cuda {
 namespace {
 
 constexpr int kTopKThreads = 256;
-constexpr int kTile = 2048;  // terms per sequential-sum tile: 2 × 16 KiB of shared memory
+constexpr int kTile = 1024;  // terms per sequential-sum tile (two tiles of lo/hi pairs: 32 KiB)
+constexpr int64_t kMaxChunkK = 128;  // larger k: one pass over the whole row per rank
 
 // Order key of a non-NaN float: larger value ↔ larger key, and −0 == +0 (the CPU compares floats,
 // so the two zeros tie and the lower id wins).
@@ -43,44 +44,18 @@ __device__ unsigned long long block_max_u64(unsigned long long v, unsigned long 
   return r;
 }
 
-// Grid (rows, 2). y = 0: the k best (logit desc, id asc) by k passes over the row, each taking the
-// best entry ranked after the previous one (NaN rows give unspecified picks: the host falls back).
-// y = 1: the row's max and first NaN / +inf index, then Σ exp(double(x) − max) in token order as
-// the CPU sums it, twice, with each term widened down (lo) and up (hi) by more than the possible
-// difference between this exp and the host's: round-to-nearest addition is monotone in both
-// operands, so lo ≤ the CPU's sum ≤ hi exactly.
-__global__ void draft_top_k_kernel(const float* logits, int64_t V, int64_t k, int32_t* ids, float* vals,
-                                   DraftRowInfo* info) {
-  const int64_t row = blockIdx.x;
-  const float* x = logits + row * V;
-  if (blockIdx.y == 0) {
-    __shared__ unsigned long long sh[32];
-    unsigned long long prev = 0;
-    for (int64_t r = 0; r < k; ++r) {
-      unsigned long long best = 0;
-      bool have = false;
-      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        const unsigned long long p = pack(order_key(x[j]), j);
-        if ((r == 0 || p < prev) && (!have || p > best)) {
-          best = p;
-          have = true;
-        }
-      }
-      // Entry (key 0, id 0xffffffff) is never real (V < 2^31), so 0 means "none" in the max.
-      best = block_max_u64(have ? best : 0ull, sh);
-      const int32_t id = int32_t(0xffffffffu - uint32_t(best & 0xffffffffu));
-      if (threadIdx.x == 0) {
-        ids[row * k + r] = id;
-        vals[row * k + r] = (id >= 0 && id < V) ? x[id] : __int_as_float(0x7fc00000);
-      }
-      prev = best;
-    }
-    return;
-  }
+constexpr int kChunk = 1024;        // elements per warp in the chunk pass: 32 a lane, in registers
+constexpr int kChunkWarps = kTopKThreads / 32;
 
+// The row's Σ exp(double(x) − max) in token order, as the CPU sums it, twice: with each term
+// widened down (lo) and up (hi) by more than the possible difference between this exp and the
+// host's. Round-to-nearest addition is monotone in both operands, so lo ≤ the CPU's sum ≤ hi
+// exactly. Also the max and the first NaN / +inf index. One thread adds (the order is the CPU's);
+// the block computes the terms a tile ahead.
+__device__ void row_sum_bounds(const float* x, int64_t V, DraftRowInfo* info) {
   __shared__ float shf[32];
   __shared__ int bad_sh;
-  __shared__ double tlo[kTile], thi[kTile];
+  __shared__ double2 terms[2][kTile];
   if (threadIdx.x == 0) bad_sh = 0x7fffffff;
   __syncthreads();
   float mx = -__int_as_float(0x7f800000);
@@ -97,32 +72,112 @@ __global__ void draft_top_k_kernel(const float* logits, int64_t V, int64_t k, in
   mx = block_max(mx, shf);  // syncs: bad_sh is complete after it
   bad = bad_sh;
   if (bad != 0x7fffffff || mx == -__int_as_float(0x7f800000)) {
-    if (threadIdx.x == 0) info[row] = DraftRowInfo{0.0, 0.0, mx, bad == 0x7fffffff ? -1 : bad};
+    if (threadIdx.x == 0) *info = DraftRowInfo{0.0, 0.0, mx, bad == 0x7fffffff ? -1 : bad};
     return;
   }
   const double m = mx;
   // |exp_cuda − e| ≤ 1 ulp (CUDA's documented bound), |exp_glibc − e| ≤ 1 ulp: the two differ by
   // ≤ 2^-51 of the term; widened by 2^-46 (32× that) plus 2^-1060 for subnormal results.
   const double rel_lo = 1.0 - 0x1p-46, rel_hi = 1.0 + 0x1p-46, tiny = 0x1p-1060;
-  double lo = 0.0, hi = 0.0;
-  for (int64_t base = 0; base < V; base += kTile) {
-    const int64_t n = V - base < kTile ? V - base : kTile;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  // Warps 2 … 7 compute the next tile's terms while lane 0 of warp 0 adds the lower bounds and
+  // lane 0 of warp 1 the upper ones (two dependent chains, one per warp: the add latency bounds).
+  auto fill = [&](int64_t tile, double2* buf, int first, int stride) {
+    const int64_t base = tile * kTile, n = V - base < kTile ? V - base : kTile;
+    for (int64_t i = int(threadIdx.x) - first; i < n; i += stride) {
       const double t = exp(__dsub_rn(double(x[base + i]), m));
-      tlo[i] = fmax(0.0, __dsub_rd(__dmul_rd(t, rel_lo), tiny));
-      thi[i] = __dadd_ru(__dmul_ru(t, rel_hi), tiny);
+      buf[i] = make_double2(fmax(0.0, __dsub_rd(__dmul_rd(t, rel_lo), tiny)), __dadd_ru(__dmul_ru(t, rel_hi), tiny));
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll 8
-      for (int64_t i = 0; i < n; ++i) {
-        lo = __dadd_rn(lo, tlo[i]);
-        hi = __dadd_rn(hi, thi[i]);
-      }
+  };
+  const int64_t tiles = (V + kTile - 1) / kTile;
+  fill(0, terms[0], 0, int(blockDim.x));
+  __syncthreads();
+  double acc = 0.0;  // thread 0: lo; thread 32: hi
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    if (threadIdx.x == 0 || threadIdx.x == 32) {
+      const double* b = reinterpret_cast<const double*>(terms[tile & 1]) + (threadIdx.x == 32);
+      const int64_t n = V - tile * kTile < kTile ? V - tile * kTile : kTile;
+#pragma unroll 16
+      for (int64_t i = 0; i < n; ++i) acc = __dadd_rn(acc, b[2 * i]);
+    } else if (threadIdx.x >= 64 && tile + 1 < tiles) {
+      fill(tile + 1, terms[(tile + 1) & 1], 64, int(blockDim.x) - 64);
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) info[row] = DraftRowInfo{lo, hi, mx, -1};
+  __shared__ double hi_sh;
+  if (threadIdx.x == 32) hi_sh = acc;
+  __syncthreads();
+  const double lo = acc, hi = hi_sh;
+  if (threadIdx.x == 0) *info = DraftRowInfo{lo, hi, mx, -1};
+}
+
+// Grid (chunk blocks + 1, rows). The last block of a row: row_sum_bounds. The others: each warp
+// takes a chunk of kChunk tokens and writes its k best packed entries (0: none left) to
+// cand[row, chunk, ·] by k warp-wide passes, each taking the best entry ranked after the previous.
+// The row's k best are among its chunks' k best. Skipped (no chunk blocks) when cand is null.
+__global__ void draft_chunk_kernel(const float* logits, int64_t V, int64_t k, unsigned long long* cand,
+                                   int64_t n_chunks, DraftRowInfo* info) {
+  const int64_t row = blockIdx.y;
+  const float* x = logits + row * V;
+  if (blockIdx.x == gridDim.x - 1) {
+    row_sum_bounds(x, V, info + row);
+    return;
+  }
+  const int lane = threadIdx.x & 31;
+  const int64_t chunk = int64_t(blockIdx.x) * kChunkWarps + (threadIdx.x >> 5);
+  if (chunk >= n_chunks) return;  // whole warps leave together
+  unsigned long long key[kChunk / 32];
+#pragma unroll
+  for (int i = 0; i < kChunk / 32; ++i) {
+    const int64_t j = chunk * kChunk + i * 32 + lane;
+    key[i] = j < V ? pack(order_key(x[j]), j) : 0ull;
+  }
+  unsigned long long prev = ~0ull;
+  unsigned long long* out = cand + (row * n_chunks + chunk) * k;
+  for (int64_t r = 0; r < k; ++r) {
+    unsigned long long best = 0;
+#pragma unroll
+    for (int i = 0; i < kChunk / 32; ++i)
+      if (key[i] < prev && key[i] > best) best = key[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long w = __shfl_xor_sync(0xffffffffu, best, o);
+      best = w > best ? w : best;
+    }
+    if (lane == 0) out[r] = best;
+    prev = best;
+    if (best == 0) {  // the chunk is exhausted: the rest stay "none"
+      for (int64_t q = r + 1 + lane; q < k; q += 32) out[q] = 0;
+      break;
+    }
+  }
+}
+
+// One block per row: the k best (logit desc, id asc) by k passes, each taking the best entry
+// ranked after the previous one, over the chunks' candidates cand[row, ·] (n of them) — or, when
+// cand is null, over the whole row. NaN rows give unspecified picks: the host falls back.
+__global__ void draft_select_kernel(const float* logits, int64_t V, int64_t k, const unsigned long long* cand,
+                                    int64_t n, int32_t* ids, float* vals) {
+  __shared__ unsigned long long sh[32];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  const unsigned long long* c = cand ? cand + row * n : nullptr;
+  const int64_t m = cand ? n : V;
+  unsigned long long prev = ~0ull;
+  for (int64_t r = 0; r < k; ++r) {
+    unsigned long long best = 0;
+    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+      const unsigned long long p = c ? c[j] : pack(order_key(x[j]), j);
+      if (p < prev && p > best) best = p;
+    }
+    // Packed 0 (key 0, id 0xffffffff) is never a real entry (V < 2^31): it means "none".
+    best = block_max_u64(best, sh);
+    const int32_t id = int32_t(0xffffffffu - uint32_t(best & 0xffffffffu));
+    if (threadIdx.x == 0) {
+      ids[row * k + r] = id;
+      vals[row * k + r] = (best != 0 && id >= 0 && id < V) ? x[id] : __int_as_float(0x7fc00000);
+    }
+    prev = best;
+  }
 }
 
 __global__ void gather_values_kernel(const float* logits, int64_t V, const int32_t* ids, int64_t n, float* out) {
@@ -134,11 +189,22 @@ __global__ void gather_values_kernel(const float* logits, int64_t V, const int32
 
 }  // namespace
 
-void draft_top_k(const float* logits, int64_t rows, int64_t V, int64_t k, int32_t* ids, float* vals,
-                 DraftRowInfo* info, cudaStream_t s) {
+int64_t draft_top_k_scratch(int64_t rows, int64_t V, int64_t k) {
+  return k <= kMaxChunkK ? rows * ((V + kChunk - 1) / kChunk) * k : 0;
+}
+
+void draft_top_k(const float* logits, int64_t rows, int64_t V, int64_t k, unsigned long long* scratch, int32_t* ids,
+                 float* vals, DraftRowInfo* info, cudaStream_t s) {
   if (rows <= 0) return;
-  draft_top_k_kernel<<<dim3(unsigned(rows), 2), kTopKThreads, 0, s>>>(logits, V, k, ids, vals, info);
-  check_launch("draft_top_k");
+  const bool chunked = k <= kMaxChunkK;
+  const int64_t n_chunks = (V + kChunk - 1) / kChunk;
+  const int64_t chunk_blocks = chunked ? (n_chunks + kChunkWarps - 1) / kChunkWarps : 0;
+  draft_chunk_kernel<<<dim3(unsigned(chunk_blocks + 1), unsigned(rows)), kTopKThreads, 0, s>>>(logits, V, k, scratch,
+                                                                                              n_chunks, info);
+  check_launch("draft_top_k chunks");
+  draft_select_kernel<<<unsigned(rows), kTopKThreads, 0, s>>>(logits, V, k, chunked ? scratch : nullptr,
+                                                              n_chunks * k, ids, vals);
+  check_launch("draft_top_k select");
 }
 
 void gather_row_values(const float* logits, int64_t V, const int32_t* ids, int64_t n, float* out, cudaStream_t s) {
