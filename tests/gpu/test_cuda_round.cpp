@@ -183,6 +183,44 @@ TEST(DeviceDraftTopK, ConfidentRowsStayExact) {
   std::printf("  %lld confident rows, %lld resolved from a full row\n", (long long)rows, (long long)d.fallback_rows());
 }
 
+// The warp-wide adder of the normaliser bounds gives the bits of the one-term-at-a-time sum (the
+// CPU's order) on rows that exercise it: S starting at 0 (a −inf prefix) or tiny (the max far
+// down the row: many binade crossings), subnormal terms (logits spanning 800), flat and peaked rows.
+TEST(DeviceDraftTopK, WarpAdderEqualsOneByOne) {
+  REQUIRE_GPU();
+  std::mt19937 rng(77);
+  for (int64_t V : {int64_t(163840), int64_t(5000), int64_t(700)}) {
+    std::vector<float> x;
+    int64_t rows = 0;
+    auto row = [&](auto&& f) {
+      for (int64_t v = 0; v < V; ++v) x.push_back(f(v));
+      ++rows;
+    };
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::uniform_real_distribution<float> wide(-800.0f, 0.0f);
+    row([&](int64_t) { return nd(rng); });
+    row([&](int64_t v) { return v < V / 3 ? -kInf : nd(rng); });
+    row([&](int64_t v) { return v == V - 1 ? 30.0f : nd(rng) - float(V - v) * (40.0f / float(V)); });
+    row([&](int64_t) { return wide(rng); });
+    row([&](int64_t v) { return v == V / 2 ? 60.0f : nd(rng); });
+    row([&](int64_t) { return 0.25f; });
+    row([&](int64_t v) { return float(v % 17) * 0.5f; });
+    DeviceDraftTopK fast, seq;
+    seq.set_sequential_sum(true);
+    const Outcome a = device_top_k(fast, x, rows, V, 4), b = device_top_k(seq, x, rows, V, 4);
+    ASSERT_EQ(fast.last_bounds().size(), size_t(rows));
+    for (int64_t p = 0; p < rows; ++p)
+      for (int j = 0; j < 2; ++j)
+        EXPECT_EQ(std::bit_cast<uint64_t>(fast.last_bounds()[size_t(p)][size_t(j)]),
+                  std::bit_cast<uint64_t>(seq.last_bounds()[size_t(p)][size_t(j)]))
+            << "V " << V << " row " << p << (j ? " hi " : " lo ") << fast.last_bounds()[size_t(p)][size_t(j)] << " vs "
+            << seq.last_bounds()[size_t(p)][size_t(j)];
+    const Outcome ref = host_top_k(x, rows, V, 4);
+    expect_same(a, ref, cat("warp adder, V ", V));
+    expect_same(b, ref, cat("one by one, V ", V));
+  }
+}
+
 // Bad rows: the same error (text, position, token) as the CPU builder, in position order.
 TEST(DeviceDraftTopK, BadRowsGiveTheCpuError) {
   REQUIRE_GPU();

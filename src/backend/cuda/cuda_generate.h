@@ -14,7 +14,7 @@
 //     values (n × 8 B) and the expert counts (4 B a layer). Host work per round drops from the
 //     exp pass + partial sort over [B − 1, V] and the argmax over [n, V] (≈ 20+ ms at K2's vocab
 //     on the H200 host, download included) to a heap over k × (B − 1) entries; the device adds
-//     ≈ 1.1 ms (the exact-order normaliser bounds) and a few µs of argmax. Uploads as before: the tree (ids, positions, key lists, < 2 KB), the
+//     ≈ 0.45 ms (top-k and the exact-order normaliser bounds) and a few µs of argmax. Uploads as before: the tree (ids, positions, key lists, < 2 KB), the
 //     kept rows (τ × 4 B, no sync). keep_logits adds the accepted rows only (τ × V × 4 B, one more
 //     sync); a draft row whose normaliser bounds cannot pin a float (rare) comes whole (V × 4 B).
 //   temperature > 0: the verify logits still come down whole ([n, V]; sample() runs on the host —

@@ -74,12 +74,15 @@ DraftTopK DeviceDraftTopK::run(const float* logits_dev, int64_t rows, int64_t vo
   auto* info_d = static_cast<DraftRowInfo*>(dev_);
   auto* ids_d = reinterpret_cast<int32_t*>(info_d + rows);
   auto* vals_d = reinterpret_cast<float*>(ids_d + rows * k);
-  cuda::draft_top_k(logits_dev, rows, vocab, k, static_cast<unsigned long long*>(cand_), ids_d, vals_d, info_d, s);
+  cuda::draft_top_k(logits_dev, rows, vocab, k, static_cast<unsigned long long*>(cand_), ids_d, vals_d, info_d,
+                    sequential_sum_, s);
   check(cudaMemcpyAsync(host_, dev_, layout_bytes(rows, k), cudaMemcpyDeviceToHost, s), "download draft top-k");
   check(cudaStreamSynchronize(s), "draft top-k");
   const auto* info = static_cast<const DraftRowInfo*>(host_);
   const auto* ids = reinterpret_cast<const int32_t*>(info + rows);
   const auto* vals = reinterpret_cast<const float*>(ids + rows * k);
+  last_bounds_.clear();
+  for (int64_t p = 0; p < rows; ++p) last_bounds_.push_back({info[p].lo, info[p].hi});
 
   DraftTopK t;
   t.positions = rows;

@@ -16,20 +16,23 @@
 // with probability ≥ 1 − 1e-4), or with a NaN / +inf / no finite logit, is downloaded in full and
 // run through draft_top_k_row — the CPU code itself, which also throws the CPU's errors.
 //
-// Cost on an H200 at K2's shape (15 rows × 163840, k = 16): 1.1 ms, nearly all the sequential
-// sum (one dependent fp64 add per token: the price of following the CPU's order exactly), against
-// ≈ 21–28 ms for today's 9.8 MB download plus the host's exp pass and partial sort.
+// Cost on an H200 at K2's shape (15 rows × 163840), sync and download included: 0.44 ms at k = 16,
+// 0.59 ms at k = 64 — mostly the bounds (the exps, and the in-order sum, which a warp adds 256
+// terms a step: sample_kernels.cu) — against ≈ 19–26 ms for the 9.8 MB download plus the host's
+// exp pass and partial sort it replaces.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
+#include <vector>
 
 #include "spec/tree.h"
 
 namespace kd {
 
-// Beyond this k the device selection (k passes over chunk candidates) costs more than the host
-// path it replaces (k = 200 at K2's shape: 25 ms vs 23 ms); the generation loop keeps the host path.
+// Beyond this k the device selection (k passes over the row) is no longer cheap (k = 200 at K2's
+// shape: 12 ms, against 21 ms for the host path); the generation loop keeps the host path there.
 constexpr int64_t kMaxDeviceTopK = 128;
 
 class DeviceDraftTopK {
@@ -43,6 +46,10 @@ class DeviceDraftTopK {
   DraftTopK run(const float* logits_dev, int64_t rows, int64_t vocab, int64_t k, cudaStream_t stream);
   int64_t fallback_rows() const { return fallback_rows_; }  // rows resolved from a full download
   int64_t rows_done() const { return rows_done_; }
+  // Tests: the last run's bounds [lo, hi] per row (0, 0 for a bad row), and the adder's reference
+  // mode (one term at a time) to compare the warp-wide adder against.
+  const std::vector<std::array<double, 2>>& last_bounds() const { return last_bounds_; }
+  void set_sequential_sum(bool on) { sequential_sum_ = on; }
 
  private:
   void reserve(int64_t rows, int64_t vocab, int64_t k);
@@ -51,6 +58,8 @@ class DeviceDraftTopK {
   void* cand_ = nullptr;  // per-chunk candidates (device only)
   size_t bytes_ = 0, cand_bytes_ = 0;
   int64_t fallback_rows_ = 0, rows_done_ = 0;
+  bool sequential_sum_ = false;
+  std::vector<std::array<double, 2>> last_bounds_;
 };
 
 }  // namespace kd

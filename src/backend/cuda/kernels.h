@@ -152,8 +152,9 @@ struct DraftRowInfo {
 };
 // scratch: draft_top_k_scratch(rows, V, k) entries (per-chunk candidates; 0 for large k).
 int64_t draft_top_k_scratch(int64_t rows, int64_t V, int64_t k);
+// sequential_sum: the bounds added one term at a time (the reference of the warp-wide adder).
 void draft_top_k(const float* logits, int64_t rows, int64_t V, int64_t k, unsigned long long* scratch, int32_t* ids,
-                 float* vals, DraftRowInfo* info, cudaStream_t s);
+                 float* vals, DraftRowInfo* info, bool sequential_sum, cudaStream_t s);
 // out[i] = logits[i, ids[i]] (NaN when ids[i] is outside [0, V)): the value argmax_rows picked.
 void gather_row_values(const float* logits, int64_t V, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
 

@@ -8,8 +8,8 @@ namespace kd::cuda {
 
 namespace {
 
-constexpr int kTopKThreads = 256;
-constexpr int kTile = 1024;  // terms per sequential-sum tile (two tiles of lo/hi pairs: 32 KiB)
+constexpr int kTopKThreads = 512;
+constexpr int kTile = 1024;  // terms per tile of the in-order sum (two tiles of lo/hi pairs: 32 KiB)
 constexpr int64_t kMaxChunkK = 128;  // larger k: one pass over the whole row per rank
 
 // Order key of a non-NaN float: larger value ↔ larger key, and −0 == +0 (the CPU compares floats,
@@ -47,12 +47,57 @@ __device__ unsigned long long block_max_u64(unsigned long long v, unsigned long 
 constexpr int kChunk = 1024;        // elements per warp in the chunk pass: 32 a lane, in registers
 constexpr int kChunkWarps = kTopKThreads / 32;
 
+// S + b[0] + b[2] + … + b[2(n − 1)] added left to right in round-to-nearest — the bits a single
+// thread's loop gives — by a whole warp, 256 terms a step. Why a step can be done at once: while
+// S stays in one binade [2^e, 2^(e+1)), every double there is a multiple of g = 2^(e−52), S is one,
+// and fl(S + t) = S + g·rint(t / g) unless t / g ends in exactly .5 (a tie: the even rule then
+// reads S's last bit). So S after the step is S + g·Σ rint(t / g), an exact integer sum in any
+// order, provided no term ties and the total stays below the binade's top (then no partial sum
+// crosses it either: the terms are ≥ 0). A step that ties, crosses a binade, or starts from S
+// below 2^-900 (or a short last step) is added one term at a time by lane 0. Terms ≥ 0, finite.
+// sequential: every step one at a time (the reference the tests compare against).
+__device__ double warp_ordered_sum(const double* b, int64_t n, double S, bool sequential) {
+  constexpr int kPer = 8, kStep = 32 * kPer;
+  const int lane = threadIdx.x & 31;
+  for (int64_t s0 = 0; s0 < n; s0 += kStep) {
+    const int64_t m = n - s0 < kStep ? n - s0 : kStep;
+    if (!sequential && m == kStep && S >= 0x1p-900) {
+      const int up = 52 - ilogb(S);  // S · 2^up is an integer in [2^52, 2^53)
+      long long sum = 0;
+      bool odd = false;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const double q = ldexp(b[2 * (s0 + i * 32 + lane)], up);  // exact: a power-of-two scale
+        if (!(q < 0x1p52)) {
+          odd = true;  // a term this large crosses the binade anyway
+          continue;
+        }
+        odd |= __dsub_rn(q, floor(q)) == 0.5;  // exact below 2^52
+        sum += static_cast<long long>(rint(q));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      odd = __any_sync(0xffffffffu, odd);
+      const long long n0 = static_cast<long long>(ldexp(S, up));
+      if (!odd && n0 + sum < (1ll << 53)) {
+        S = ldexp(static_cast<double>(n0 + sum), -up);
+        continue;
+      }
+    }
+    if (lane == 0)
+      for (int64_t i = 0; i < m; ++i) S = __dadd_rn(S, b[2 * (s0 + i)]);
+    S = __shfl_sync(0xffffffffu, S, 0);
+  }
+  return S;
+}
+
 // The row's Σ exp(double(x) − max) in token order, as the CPU sums it, twice: with each term
 // widened down (lo) and up (hi) by more than the possible difference between this exp and the
 // host's. Round-to-nearest addition is monotone in both operands, so lo ≤ the CPU's sum ≤ hi
-// exactly. Also the max and the first NaN / +inf index. One thread adds (the order is the CPU's);
-// the block computes the terms a tile ahead.
-__device__ void row_sum_bounds(const float* x, int64_t V, DraftRowInfo* info) {
+// exactly. Also the max and the first NaN / +inf index. Warp 0 adds the lower terms, warp 1 the
+// upper ones (warp_ordered_sum: the CPU's order, bit for bit); the other warps compute the next
+// tile's terms meanwhile.
+__device__ void row_sum_bounds(const float* x, int64_t V, DraftRowInfo* info, bool sequential) {
   __shared__ float shf[32];
   __shared__ int bad_sh;
   __shared__ double2 terms[2][kTile];
@@ -79,8 +124,6 @@ __device__ void row_sum_bounds(const float* x, int64_t V, DraftRowInfo* info) {
   // |exp_cuda − e| ≤ 1 ulp (CUDA's documented bound), |exp_glibc − e| ≤ 1 ulp: the two differ by
   // ≤ 2^-51 of the term; widened by 2^-46 (32× that) plus 2^-1060 for subnormal results.
   const double rel_lo = 1.0 - 0x1p-46, rel_hi = 1.0 + 0x1p-46, tiny = 0x1p-1060;
-  // Warps 2 … 7 compute the next tile's terms while lane 0 of warp 0 adds the lower bounds and
-  // lane 0 of warp 1 the upper ones (two dependent chains, one per warp: the add latency bounds).
   auto fill = [&](int64_t tile, double2* buf, int first, int stride) {
     const int64_t base = tile * kTile, n = V - base < kTile ? V - base : kTile;
     for (int64_t i = int(threadIdx.x) - first; i < n; i += stride) {
@@ -91,13 +134,12 @@ __device__ void row_sum_bounds(const float* x, int64_t V, DraftRowInfo* info) {
   const int64_t tiles = (V + kTile - 1) / kTile;
   fill(0, terms[0], 0, int(blockDim.x));
   __syncthreads();
-  double acc = 0.0;  // thread 0: lo; thread 32: hi
+  double acc = 0.0;  // warp 0: lo; warp 1: hi
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    if (threadIdx.x == 0 || threadIdx.x == 32) {
-      const double* b = reinterpret_cast<const double*>(terms[tile & 1]) + (threadIdx.x == 32);
+    if (threadIdx.x < 64) {
+      const double* b = reinterpret_cast<const double*>(terms[tile & 1]) + (threadIdx.x >> 5);
       const int64_t n = V - tile * kTile < kTile ? V - tile * kTile : kTile;
-#pragma unroll 16
-      for (int64_t i = 0; i < n; ++i) acc = __dadd_rn(acc, b[2 * i]);
+      acc = warp_ordered_sum(b, n, acc, sequential);
     } else if (threadIdx.x >= 64 && tile + 1 < tiles) {
       fill(tile + 1, terms[(tile + 1) & 1], 64, int(blockDim.x) - 64);
     }
@@ -115,11 +157,11 @@ __device__ void row_sum_bounds(const float* x, int64_t V, DraftRowInfo* info) {
 // cand[row, chunk, ·] by k warp-wide passes, each taking the best entry ranked after the previous.
 // The row's k best are among its chunks' k best. Skipped (no chunk blocks) when cand is null.
 __global__ void draft_chunk_kernel(const float* logits, int64_t V, int64_t k, unsigned long long* cand,
-                                   int64_t n_chunks, DraftRowInfo* info) {
+                                   int64_t n_chunks, DraftRowInfo* info, bool sequential) {
   const int64_t row = blockIdx.y;
   const float* x = logits + row * V;
   if (blockIdx.x == gridDim.x - 1) {
-    row_sum_bounds(x, V, info + row);
+    row_sum_bounds(x, V, info + row, sequential);
     return;
   }
   const int lane = threadIdx.x & 31;
@@ -194,13 +236,13 @@ int64_t draft_top_k_scratch(int64_t rows, int64_t V, int64_t k) {
 }
 
 void draft_top_k(const float* logits, int64_t rows, int64_t V, int64_t k, unsigned long long* scratch, int32_t* ids,
-                 float* vals, DraftRowInfo* info, cudaStream_t s) {
+                 float* vals, DraftRowInfo* info, bool sequential_sum, cudaStream_t s) {
   if (rows <= 0) return;
   const bool chunked = k <= kMaxChunkK;
   const int64_t n_chunks = (V + kChunk - 1) / kChunk;
   const int64_t chunk_blocks = chunked ? (n_chunks + kChunkWarps - 1) / kChunkWarps : 0;
   draft_chunk_kernel<<<dim3(unsigned(chunk_blocks + 1), unsigned(rows)), kTopKThreads, 0, s>>>(logits, V, k, scratch,
-                                                                                              n_chunks, info);
+                                                                                              n_chunks, info, sequential_sum);
   check_launch("draft_top_k chunks");
   draft_select_kernel<<<unsigned(rows), kTopKThreads, 0, s>>>(logits, V, k, chunked ? scratch : nullptr,
                                                               n_chunks * k, ids, vals);
