@@ -11,16 +11,18 @@
 //   now, GPU drafter, temperature 0: 2 syncs, ≈ 2.5 KB down — the drafter's top-k per position
 //     ([B − 1, k] ids + logits + 24 B of normaliser bounds: 2.3 KB; draft_top_k.h says why the
 //     tree is bit-identical; k ≤ 128, else the host path), the verify argmax ids and picked
-//     values (n × 8 B) and the expert counts (4 B a layer). Host work per round drops from the
-//     exp pass + partial sort over [B − 1, V] and the argmax over [n, V] (≈ 20+ ms at K2's vocab
-//     on the H200 host, download included) to a heap over k × (B − 1) entries; the device adds
-//     ≈ 0.45 ms (top-k and the exact-order normaliser bounds) and a few µs of argmax. Uploads as before: the tree (ids, positions, key lists, < 2 KB), the
-//     kept rows (τ × 4 B, no sync). keep_logits adds the accepted rows only (τ × V × 4 B, one more
-//     sync); a draft row whose normaliser bounds cannot pin a float (rare) comes whole (V × 4 B).
+//     values (n × 8 B) and the expert counts (4 B a layer). Uploads as before: the tree (ids,
+//     positions, key lists, < 2 KB), the kept rows (τ × 4 B, no sync). keep_logits adds the
+//     accepted rows only (τ × V × 4 B, one more sync); a draft row whose normaliser bounds cannot
+//     pin a float (rare) comes whole (V × 4 B). Host work per round drops to a heap over
+//     k × (B − 1) entries: the draft side alone measured 19–26 ms on the H200's host (download,
+//     exp pass, partial sort) against 0.45 ms on the device (tests/gpu/test_cuda_round.cpp); the
+//     verify side loses an 11 MB download and the host argmax over [n, V].
 //   temperature > 0: the verify logits still come down whole ([n, V]; sample() runs on the host —
 //     a device sampler bit-identical to src/sample/sampler.cpp is not attempted); the draft side
 //     as above. A host drafter (DFlash on the CPU, synthetic) drafts on the host as before, its
 //     taps downloaded ([n, taps, hidden]).
+// AR decode at temperature 0 without kept logits: one sync and 8 bytes down a step, not V × 4.
 // The two syncs that remain: after the draft, the tree is built on the host (a best-first heap
 // over k × (B − 1) candidates, microseconds) and the verify's inputs are staged from it; after
 // the verify, the host needs the walk's result — the tokens to emit (streaming, stop ids, length
