@@ -1,14 +1,21 @@
 #include "spec/round.h"
 
+#include <utility>
+
 namespace kd {
 
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
                        int64_t vocab, std::vector<float>& draft_logits) {
   draft_logits.resize(static_cast<size_t>((drafter.block_size() - 1) * vocab));
   drafter.draft(bonus, start, draft_logits.data());
+  return make_round(spec.chain ? build_draft_chain(draft_logits.data(), L, vocab)
+                               : build_draft_tree(draft_logits.data(), L, vocab, spec.budget),
+                    bonus, start);
+}
+
+DraftRound make_round(DraftTree tree, int32_t bonus, int64_t start) {
   DraftRound r;
-  r.tree = spec.chain ? build_draft_chain(draft_logits.data(), L, vocab)
-                      : build_draft_tree(draft_logits.data(), L, vocab, spec.budget);
+  r.tree = std::move(tree);
   r.tree.tokens[0] = bonus;
   const int64_t n = r.tree.size();
   r.positions.resize(static_cast<size_t>(n));

@@ -22,6 +22,9 @@ struct DraftRound {
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
                        int64_t vocab, std::vector<float>& draft_logits);
 
+// The round for a built tree: node 0 set to the bonus, positions start + depth, visibility.
+DraftRound make_round(DraftTree tree, int32_t bonus, int64_t start);
+
 // The accept walk: from the root, the target's own choice at each node (choose(logits, position))
 // is emitted (emit(token, logits) → false stops generation); while it matches a child the walk
 // descends. Returns the path of accepted nodes, root first (τ = its size). *next_bonus is the last

@@ -30,42 +30,6 @@ std::vector<uint8_t> DraftTree::visibility() const {
 
 namespace {
 
-struct TopK {
-  std::vector<int32_t> ids;    // [positions, k]
-  std::vector<float> logp;     // [positions, k]
-  std::vector<int64_t> valid;  // [positions]: ranks with a finite logit (−inf tokens cannot be drafted)
-};
-
-TopK top_k_logp(const float* logits, int64_t positions, int64_t vocab, int64_t k) {
-  TopK t;
-  t.ids.resize(size_t(positions * k));
-  t.logp.resize(size_t(positions * k));
-  t.valid.assign(size_t(positions), 0);
-  std::vector<int32_t> idx(static_cast<size_t>(vocab));
-  for (int64_t p = 0; p < positions; ++p) {
-    const float* row = logits + p * vocab;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < vocab; ++v) {
-      if (std::isnan(row[v])) fail("draft logits: NaN at position ", p, ", token ", v);
-      if (row[v] == std::numeric_limits<float>::infinity()) fail("draft logits: +inf at position ", p, ", token ", v);
-      mx = std::max(mx, double(row[v]));
-    }
-    if (!std::isfinite(mx)) fail("draft logits: position ", p, " has no finite logit");
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
-    const double lse = mx + std::log(sum);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    for (int64_t r = 0; r < k; ++r) {
-      t.ids[size_t(p * k + r)] = idx[size_t(r)];
-      t.logp[size_t(p * k + r)] = float(double(row[idx[size_t(r)]]) - lse);
-      if (std::isfinite(row[idx[size_t(r)]])) t.valid[size_t(p)] = r + 1;
-    }
-  }
-  return t;
-}
-
 struct HeapEntry {
   double score;
   std::vector<int32_t> ranks;  // the rank tuple ρ: one rank per depth
@@ -105,11 +69,57 @@ void add_node(DraftTree& t, int32_t token, int32_t depth, int32_t parent, int32_
 
 }  // namespace
 
+int64_t draft_top_k_row(const float* row, int64_t p, int64_t vocab, int64_t k, int32_t* ids, float* logp) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (std::isnan(row[v])) fail("draft logits: NaN at position ", p, ", token ", v);
+    if (row[v] == std::numeric_limits<float>::infinity()) fail("draft logits: +inf at position ", p, ", token ", v);
+    mx = std::max(mx, double(row[v]));
+  }
+  if (!std::isfinite(mx)) fail("draft logits: position ", p, " has no finite logit");
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
+  const double lse = mx + std::log(sum);
+  thread_local std::vector<int32_t> idx;
+  idx.resize(size_t(vocab));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  int64_t valid = 0;
+  for (int64_t r = 0; r < k; ++r) {
+    ids[r] = idx[size_t(r)];
+    logp[r] = float(double(row[idx[size_t(r)]]) - lse);
+    if (std::isfinite(row[idx[size_t(r)]])) valid = r + 1;
+  }
+  return valid;
+}
+
+DraftTopK draft_top_k(const float* logits, int64_t positions, int64_t vocab, int64_t k) {
+  if (positions < 1 || vocab < 1) fail("draft top-k: need at least one position and one token (got ", positions, " × ", vocab, ")");
+  if (k < 1 || k > vocab) fail("draft top-k: k must be in [1, ", vocab, "] (got ", k, ")");
+  DraftTopK t;
+  t.positions = positions;
+  t.k = k;
+  t.ids.resize(size_t(positions * k));
+  t.logp.resize(size_t(positions * k));
+  t.valid.assign(size_t(positions), 0);
+  for (int64_t p = 0; p < positions; ++p)
+    t.valid[size_t(p)] = draft_top_k_row(logits + p * vocab, p, vocab, k, &t.ids[size_t(p * k)], &t.logp[size_t(p * k)]);
+  return t;
+}
+
 DraftTree build_draft_tree(const float* logits, int64_t positions, int64_t vocab, int64_t budget) {
   if (positions < 1 || vocab < 1) fail("draft tree: need at least one position and one token (got ", positions, " × ", vocab, ")");
   if (budget < 1) fail("draft tree: budget must be at least 1 (got ", budget, ")");
-  const int64_t k = std::min(budget, vocab);
-  const TopK top = top_k_logp(logits, positions, vocab, k);
+  return build_draft_tree(draft_top_k(logits, positions, vocab, std::min(budget, vocab)), budget);
+}
+
+DraftTree build_draft_tree(const DraftTopK& top, int64_t budget) {
+  if (budget < 1) fail("draft tree: budget must be at least 1 (got ", budget, ")");
+  const int64_t positions = top.positions, k = top.k;
+  if (positions < 1 || k < 1 || top.ids.size() != size_t(positions * k) || top.logp.size() != top.ids.size() ||
+      top.valid.size() != size_t(positions))
+    fail("draft tree: malformed top-k (", positions, " positions × ", k, ")");
   auto logp = [&](int64_t pos, int64_t rank) { return double(top.logp[size_t(pos * k + rank)]); };
 
   DraftTree t = empty_tree(positions);
@@ -137,12 +147,18 @@ DraftTree build_draft_tree(const float* logits, int64_t positions, int64_t vocab
 
 DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t vocab) {
   if (positions < 1 || vocab < 1) fail("draft chain: need at least one position and one token");
-  const TopK top = top_k_logp(logits, positions, vocab, 1);
+  return build_draft_chain(draft_top_k(logits, positions, vocab, 1));
+}
+
+DraftTree build_draft_chain(const DraftTopK& top) {
+  const int64_t positions = top.positions, k = top.k;
+  if (positions < 1 || k < 1 || top.ids.size() != size_t(positions * k) || top.logp.size() != top.ids.size())
+    fail("draft chain: malformed top-k (", positions, " positions × ", k, ")");
   DraftTree t = empty_tree(positions);
   double score = 0;
   for (int64_t p = 0; p < positions; ++p) {
-    score += double(top.logp[size_t(p)]);
-    add_node(t, top.ids[size_t(p)], int32_t(p + 1), int32_t(p), 0, score);
+    score += double(top.logp[size_t(p * k)]);
+    add_node(t, top.ids[size_t(p * k)], int32_t(p + 1), int32_t(p), 0, score);
   }
   return t;
 }

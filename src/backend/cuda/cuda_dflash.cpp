@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "backend/cuda/cuda_target_impl.h"
+#include "backend/cuda/draft_top_k.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -49,6 +50,7 @@ struct CudaDFlash::Impl {
   float *x = nullptr, *xn = nullptr, *q = nullptr, *attn = nullptr, *h = nullptr, *scores = nullptr, *logits = nullptr;
   float *ctx_taps = nullptr, *ht = nullptr;
   int32_t* ids = nullptr;
+  DeviceDraftTopK top_k;
 
   Impl(const std::string& dir, CudaTarget::Impl& target) : t(target), cpu(dir, target.cfg) {}
   ~Impl() {
@@ -115,6 +117,7 @@ struct CudaDFlash::Impl {
   }
   void open_files();
   void ensure_append_rows(int64_t n);
+  void block_forward(int32_t bonus, int64_t start);  // queues the draft; logits [B − 1, vocab] in `logits`
 };
 
 // The tensors of model.safetensors, or of the shards the index names (DFlashDrafter validated both).
@@ -247,6 +250,25 @@ void CudaDFlash::append_context_device(const float* taps_dev, int64_t n, const i
 void CudaDFlash::draft(int32_t bonus, int64_t start, float* logits) {
   Impl& m = *impl_;
   const DFlashConfig& c = m.cpu.config();
+  m.block_forward(bonus, start);
+  check(cudaMemcpyAsync(logits, m.logits, size_t((c.block_size - 1) * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.t.stream),
+        "download draft logits");
+  check(cudaStreamSynchronize(m.t.stream), "draft");
+}
+
+DraftTopK CudaDFlash::draft_top_k(int32_t bonus, int64_t start, int64_t L, int64_t k) {
+  Impl& m = *impl_;
+  const DFlashConfig& c = m.cpu.config();
+  if (L < 1 || L > c.block_size - 1) fail("DFlash draft: ", L, " positions asked; the block drafts 1 … ", c.block_size - 1);
+  m.block_forward(bonus, start);
+  return m.top_k.run(m.logits, L, c.vocab_size, k, m.t.stream);
+}
+
+int64_t CudaDFlash::top_k_fallback_rows() const { return impl_->top_k.fallback_rows(); }
+
+void CudaDFlash::Impl::block_forward(int32_t bonus, int64_t start) {
+  Impl& m = *this;
+  const DFlashConfig& c = m.cpu.config();
   const int64_t B = c.block_size, H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
   const int64_t nkv = c.num_key_value_heads, hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), I = c.intermediate_size;
   if (start != m.len) fail("DFlash drafter: block at position ", start, " but the context holds ", m.len, " tokens");
@@ -279,8 +301,6 @@ void CudaDFlash::draft(int32_t bonus, int64_t start, float* logits) {
   // Position 0 (the bonus token) predicts nothing new: logits for positions 1 … B − 1 only.
   cuda::rmsnorm(m.x + H, H, m.final_norm, B - 1, H, c.rms_norm_eps, m.xn, H, s);
   cuda::linear(m.t.lm_head, m.xn, H, B - 1, m.logits, V, Epilogue::store, s);
-  check(cudaMemcpyAsync(logits, m.logits, size_t((B - 1) * V) * 4, cudaMemcpyDeviceToHost, s), "download draft logits");
-  check(cudaStreamSynchronize(s), "draft");
 }
 
 }  // namespace kd

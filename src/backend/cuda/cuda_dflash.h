@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_target.h"
 #include "spec/drafter.h"
+#include "spec/tree.h"
 
 namespace kd {
 
@@ -32,6 +33,11 @@ class CudaDFlash : public Drafter {
   int64_t context_len() const override;
   // Runs the block forward on the device and downloads the logits [B − 1, vocab] (one sync).
   void draft(int32_t bonus, int64_t start, float* logits) override;
+  // The block forward, then draft_top_k(logits, L, vocab, k) of its first L ≤ B − 1 logit rows
+  // computed on the device (draft_top_k.h: bit-identical to the host over draft()'s logits),
+  // downloading [L, k] ids and logits and 24 bytes a row (one sync; a rare row also comes whole).
+  DraftTopK draft_top_k(int32_t bonus, int64_t start, int64_t L, int64_t k);
+  int64_t top_k_fallback_rows() const;  // rows of draft_top_k resolved from a full row download
 
   // Context features from device taps [rows, taps, hidden]: rows = null → rows 0 … n − 1 in order;
   // else rows[0 … n) (host indices into taps, e.g. a DDTree path). Queued on the target's stream;

@@ -1,19 +1,113 @@
 #include "backend/cuda/cuda_generate.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "sample/rng.h"
 #include "sample/sampler.h"
 #include "backend/cuda/cuda_dflash.h"
+#include "backend/cuda/cuda_target_impl.h"
+#include "backend/cuda/draft_top_k.h"
+#include "backend/cuda/kernels.h"
 #include "spec/round.h"
 #include "spec/tree.h"
 
 namespace kd {
 
+using cuda::check;
+
+namespace {
+
+// forward_impl (cuda_target.cpp) with the logits left on the device (m.logits, [n or 1, vocab]):
+// the same inputs, the same kernels or captured graph (want_logits), no logits download and no
+// sync. Taps: kept on the device (returned) when device_taps, else downloaded into a.taps.
+// (A logits_on_device flag on CudaTarget::forward would replace this copy when that file is free.)
+const float* forward_logits_on_device(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps,
+                                      std::vector<int32_t>* distinct) {
+  const ModelConfig& c = m.cfg;
+  if (a.form == AttnForm::expanded) fail("the CUDA backend runs the absorbed MLA form only");
+  if (a.logits) fail("internal: forward_logits_on_device keeps the logits on the device");
+  const int64_t n = a.n;
+  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility);
+  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
+  float* taps_dev = nullptr;
+  if (n_taps && (a.taps || device_taps)) {
+    for (int32_t t : *a.tap_layers)
+      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
+    if (m.taps_cap < n * n_taps * c.hidden_size) {
+      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
+      m.taps_cap = n * n_taps * c.hidden_size;
+    }
+    taps_dev = m.taps;
+  }
+  if (m.graphs && (n == 1 || !a.commit))
+    m.run_graphed(n, start + n, a.all_logits, true, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  else
+    m.run(n, start + n, a.all_logits, true, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  if (taps_dev && !device_taps)
+    check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
+          "download taps");
+  distinct->assign(size_t(c.num_hidden_layers), 0);
+  if (a.stats)
+    check(cudaMemcpyAsync(distinct->data(), m.active_log, distinct->size() * 4, cudaMemcpyDeviceToHost, m.stream),
+          "download counts");
+  if (a.commit) m.size = start + n;
+  return taps_dev;
+}
+
+// Device scratch of the greedy verify: argmax ids and their values, [rows] each.
+struct ArgmaxScratch {
+  int64_t rows = 0;
+  int32_t* ids = nullptr;
+  float* vals = nullptr;
+  ~ArgmaxScratch() {
+    if (ids) cudaFree(ids);
+    if (vals) cudaFree(vals);
+  }
+  void reserve(int64_t n) {
+    if (n <= rows) return;
+    if (ids) cudaFree(ids);
+    if (vals) cudaFree(vals);
+    ids = nullptr;
+    vals = nullptr;
+    rows = 0;
+    check(cudaMalloc(reinterpret_cast<void**>(&ids), size_t(n) * 4), "allocate verify argmax");
+    check(cudaMalloc(reinterpret_cast<void**>(&vals), size_t(n) * 4), "allocate verify argmax");
+    rows = n;
+  }
+};
+
+// argmax_rows over the forward's logits [n, V] on the device (lowest index on ties, −1 on NaN:
+// sample()'s greedy choice) and the values it picked (−inf: the row has nothing selectable);
+// downloads both (n × 8 bytes) and waits, then counts the forward's weight bytes.
+void pick_on_device(CudaTarget::Impl& m, ArgmaxScratch& am, int64_t n, const std::vector<int32_t>& distinct,
+                   ForwardStats* stats, std::vector<int32_t>& ids, std::vector<float>& vals) {
+  const int64_t V = m.cfg.vocab_size;
+  am.reserve(n);
+  cuda::argmax_rows(m.logits, n, V, am.ids, m.stream);
+  cuda::gather_row_values(m.logits, V, am.ids, n, am.vals, m.stream);
+  ids.resize(size_t(n));
+  vals.resize(size_t(n));
+  check(cudaMemcpyAsync(ids.data(), am.ids, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download argmax");
+  check(cudaMemcpyAsync(vals.data(), am.vals, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream), "download argmax");
+  check(cudaStreamSynchronize(m.stream), "forward");
+  if (stats) stats->weight_bytes += m.weight_bytes_of(n, &distinct, n);
+}
+
+bool plain_pick(int32_t id, float val) { return id >= 0 && val != -std::numeric_limits<float>::infinity(); }
+
+// Row `row` of the forward's logits [·, V], downloaded (a row the device pick cannot settle).
+void download_row(CudaTarget::Impl& m, int64_t row, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(m.cfg.vocab_size));
+  check(cudaMemcpy(out.data(), m.logits + row * m.cfg.vocab_size, out.size() * 4, cudaMemcpyDeviceToHost), "download logits row");
+}
+
+}  // namespace
+
 GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
-                                const std::function<void(int32_t)>& on_token) {
+                                const std::function<void(int32_t)>& on_token, const CudaRoundOptions& round) {
   const ModelConfig& c = target.config();
   const GenerationLimits lim = check_generation(c, prompt, opt);
   const int64_t n_prompt = lim.n_prompt, n_max = lim.n_max, V = c.vocab_size;
@@ -44,9 +138,22 @@ GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& 
   std::vector<float> step(last, last + V);
   st = {};
   t0 = now_s();
+  // Greedy decode without kept logits: each step's argmax on the device, 8 bytes down, not V × 4.
+  const bool device_pick = opt.sampling.temperature == 0.0f && !opt.keep_logits && round.device_argmax;
+  CudaTarget::Impl& m = target.impl();
+  ArgmaxScratch am;
+  std::vector<int32_t> pick_ids, distinct;
+  std::vector<float> pick_vals;
+  bool step_on_host = true;  // `step` holds this position's logits (the prefill's; host decode steps)
   for (int64_t i = 0;; ++i) {
     const int64_t pos = n_prompt + i;
-    const int32_t tok = sample(step.data(), int32_t(V), opt.sampling, position_uniform(opt.sampling.seed, opt.seq_id, uint64_t(pos)));
+    int32_t tok;
+    if (!step_on_host && plain_pick(pick_ids[0], pick_vals[0])) {
+      tok = pick_ids[0];
+    } else {
+      if (!step_on_host) download_row(m, 0, step);  // NaN or all −inf: sample() throws the CPU's error
+      tok = sample(step.data(), int32_t(V), opt.sampling, position_uniform(opt.sampling.seed, opt.seq_id, uint64_t(pos)));
+    }
     r.output_ids.push_back(tok);
     if (opt.keep_logits) r.logits.insert(r.logits.end(), step.begin(), step.end());
     if (on_token) on_token(tok);
@@ -61,9 +168,15 @@ GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& 
     ForwardArgs d;
     d.ids = &tok;
     d.n = 1;
-    d.logits = step.data();
     d.stats = &st;
-    target.forward(d);
+    if (device_pick) {
+      forward_logits_on_device(m, d, false, &distinct);
+      pick_on_device(m, am, 1, distinct, &st, pick_ids, pick_vals);
+      step_on_host = false;
+    } else {
+      d.logits = step.data();
+      target.forward(d);
+    }
     ++r.n_target_forwards;
   }
   r.decode_ms = (now_s() - t0) * 1e3;
@@ -73,7 +186,7 @@ GenerateResult generate_ar_cuda(CudaTarget& target, const std::vector<int32_t>& 
 
 SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std::vector<int32_t>& prompt,
                                 const GenerateOptions& opt, const SpecOptions& spec,
-                                const std::function<void(int32_t)>& on_token) {
+                                const std::function<void(int32_t)>& on_token, const CudaRoundOptions& round) {
   const ModelConfig& c = target.config();
   if (!spec.chain && spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
   const GenerationLimits lim = check_generation(c, prompt, opt);
@@ -149,17 +262,31 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
   t0 = now_s();
   int32_t bonus = choose(logits.data(), n_prompt);
   emit(bonus, logits.data());
+  // Round paths (cuda_generate.h): the tree builder's top-k from a GPU drafter's device logits;
+  // at temperature 0, the verify rows' argmax on the device (sample() is argmax there).
+  const int64_t top_k = spec.chain ? 1 : std::min(spec.budget, V);
+  const bool device_top_k = gpu_drafter && round.device_top_k && top_k <= kMaxDeviceTopK;
+  const bool device_argmax = opt.sampling.temperature == 0.0f && round.device_argmax;
+  CudaTarget::Impl& m = target.impl();
+  ArgmaxScratch am;
+  std::vector<int32_t> am_ids, distinct;
+  std::vector<float> am_vals, rows_h, bad_row;
   std::vector<float> draft_logits, vlogits, vtaps, acc_taps;
   while (!done) {
     const int64_t start = target.size();
     const int64_t L = std::min({B - 1, ctx - 1 - start, n_max - int64_t(r.output_ids.size())});
     if (L < 1) fail("internal: no draft position left at ", start);
     double td = now_s();
-    const DraftRound dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
+    DraftRound dr;
+    if (device_top_k) {
+      const DraftTopK top = gpu_drafter->draft_top_k(bonus, start, L, top_k);
+      dr = make_round(spec.chain ? build_draft_chain(top) : build_draft_tree(top, spec.budget), bonus, start);
+    } else {
+      dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
+    }
     st.draft_ms += (now_s() - td) * 1e3;
 
     const int64_t n = dr.tree.size();
-    vlogits.resize(static_cast<size_t>(n * V));
     double tv = now_s();
     ForwardArgs a;
     a.ids = dr.tree.tokens.data();
@@ -168,14 +295,74 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
     a.visibility = dr.visibility.data();
     a.commit = false;
     a.all_logits = true;
-    a.logits = vlogits.data();
-    const float* vtaps_dev = run_forward(a, vtaps);
+    const float* vtaps_dev = nullptr;
+    if (device_argmax) {
+      // Logits stay on the device: their argmax per row (lowest index on ties, −1 on NaN, as
+      // sample() at temperature 0) and the value it picked (−inf: the row has no selectable token).
+      a.tap_layers = &taps_of;
+      a.stats = &fst;
+      if (host_taps) {
+        vtaps.resize(static_cast<size_t>(n * n_taps * hid));
+        a.taps = vtaps.data();
+      }
+      vtaps_dev = forward_logits_on_device(m, a, gpu_drafter && n_taps, &distinct);
+      pick_on_device(m, am, n, distinct, &fst, am_ids, am_vals);
+    } else {
+      vlogits.resize(static_cast<size_t>(n * V));
+      a.logits = vlogits.data();
+      vtaps_dev = run_forward(a, vtaps);
+    }
+    if (!(gpu_drafter && n_taps)) vtaps_dev = nullptr;
     st.verify_ms += (now_s() - tv) * 1e3;
     ++st.target_forwards;
     ++st.rounds;
     st.drafted += n - 1;
 
-    const std::vector<int32_t> path = accept_walk(dr.tree, vlogits.data(), V, start, choose, emit, &bonus);
+    std::vector<int32_t> path;
+    if (device_argmax) {
+      // A row whose argmax is not a plain pick (NaN, or all −inf) goes to the host sampler, which
+      // throws the CPU path's error.
+      auto plain = [&](int32_t node) { return plain_pick(am_ids[size_t(node)], am_vals[size_t(node)]); };
+      auto row_of = [&](int32_t node, std::vector<float>& buf) {
+        download_row(m, node, buf);
+        return buf.data();
+      };
+      // The path the walk will take (no side effects), so the logits of its rows alone come down
+      // when the caller keeps logits: one copy per row, one sync.
+      std::vector<int32_t> walk = {0};
+      while (plain(walk.back())) {
+        const int32_t child = dr.tree.child_with_token(walk.back(), am_ids[size_t(walk.back())]);
+        if (child < 0) break;
+        walk.push_back(child);
+      }
+      if (opt.keep_logits) {
+        rows_h.resize(walk.size() * size_t(V));
+        for (size_t k = 0; k < walk.size(); ++k)
+          check(cudaMemcpyAsync(&rows_h[k * size_t(V)], m.logits + int64_t(walk[k]) * V, size_t(V) * 4, cudaMemcpyDeviceToHost,
+                                m.stream),
+                "download accepted logits");
+        check(cudaStreamSynchronize(m.stream), "accepted logits");
+      }
+      // accept_walk over the downloaded choices: the same emits in the same order.
+      path = {0};
+      int32_t cur = 0;
+      for (size_t k = 0;; ++k) {
+        const int64_t pos = start + dr.tree.depths[size_t(cur)] + 1;
+        const float* lg = opt.keep_logits && k < walk.size() ? &rows_h[k * size_t(V)] : nullptr;
+        const int32_t tok = plain(cur) ? am_ids[size_t(cur)] : choose(lg ? lg : row_of(cur, bad_row), pos);
+        if (opt.keep_logits && !lg) lg = row_of(cur, bad_row);
+        if (!emit(tok, lg)) break;
+        const int32_t child = dr.tree.child_with_token(cur, tok);
+        if (child < 0) {
+          bonus = tok;
+          break;
+        }
+        cur = child;
+        path.push_back(child);
+      }
+    } else {
+      path = accept_walk(dr.tree, vlogits.data(), V, start, choose, emit, &bonus);
+    }
     const int64_t tau = int64_t(path.size());
     st.accepted += tau - 1;
     ++st.tau_histogram[size_t(std::min(tau, B))];

@@ -202,6 +202,23 @@ void head_norm_rope(float* x, int64_t rows, int64_t heads, int64_t hd, const flo
 void block_attention(const float* q, const float* k, const float* v, float* out, float* scores, int64_t B, int64_t nh,
                      int64_t nkv, int64_t hd, int64_t S, float scale, cudaStream_t s);
 
+// DDTree round on the device (sample_kernels.cu). Per row of draft logits [rows, V]: the k best
+// entries (logit desc, id asc; −0 == +0) as ids [rows, k] and their logits vals [rows, k], and
+// DraftRowInfo: the max, the first NaN / +inf index (−1: none), and bounds lo ≤ S ≤ hi on the CPU
+// tree builder's Σ_v exp(double(x_v) − max) summed in token order (0, 0 when bad or no finite max).
+struct DraftRowInfo {
+  double lo, hi;
+  float max;
+  int32_t bad;
+};
+// scratch: draft_top_k_scratch(rows, V, k) entries (per-chunk candidates; 0 for large k).
+int64_t draft_top_k_scratch(int64_t rows, int64_t V, int64_t k);
+// sequential_sum: the bounds added one term at a time (the reference of the warp-wide adder).
+void draft_top_k(const float* logits, int64_t rows, int64_t V, int64_t k, unsigned long long* scratch, int32_t* ids,
+                 float* vals, DraftRowInfo* info, bool sequential_sum, cudaStream_t s);
+// out[i] = logits[i, ids[i]] (NaN when ids[i] is outside [0, V)): the value argmax_rows picked.
+void gather_row_values(const float* logits, int64_t V, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
+
 // Aborts with a kd::Error naming the call and the CUDA error.
 void check(cudaError_t e, const char* what);
 void check_launch(const char* what);
