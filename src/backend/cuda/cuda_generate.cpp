@@ -20,41 +20,10 @@ using cuda::check;
 
 namespace {
 
-// forward_impl (cuda_target.cpp) with the logits left on the device (m.logits, [n or 1, vocab]):
-// the same inputs, the same kernels or captured graph (want_logits), no logits download and no
-// sync. Taps: kept on the device (returned) when device_taps, else downloaded into a.taps.
-// (A logits_on_device flag on CudaTarget::forward would replace this copy when that file is free.)
+// forward_impl with the logits left on the device (m.logits, [n or 1, vocab]) and no wait.
 const float* forward_logits_on_device(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps,
                                       std::vector<int32_t>* distinct) {
-  const ModelConfig& c = m.cfg;
-  if (a.form == AttnForm::expanded) fail("the CUDA backend runs the absorbed MLA form only");
-  if (a.logits) fail("internal: forward_logits_on_device keeps the logits on the device");
-  const int64_t n = a.n;
-  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility);
-  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
-  float* taps_dev = nullptr;
-  if (n_taps && (a.taps || device_taps)) {
-    for (int32_t t : *a.tap_layers)
-      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
-    if (m.taps_cap < n * n_taps * c.hidden_size) {
-      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
-      m.taps_cap = n * n_taps * c.hidden_size;
-    }
-    taps_dev = m.taps;
-  }
-  if (m.graphs && (n == 1 || !a.commit))
-    m.run_graphed(n, start + n, a.all_logits, true, taps_dev ? a.tap_layers : nullptr, taps_dev);
-  else
-    m.run(n, start + n, a.all_logits, true, taps_dev ? a.tap_layers : nullptr, taps_dev);
-  if (taps_dev && !device_taps)
-    check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
-          "download taps");
-  distinct->assign(size_t(c.num_hidden_layers), 0);
-  if (a.stats)
-    check(cudaMemcpyAsync(distinct->data(), m.active_log, distinct->size() * 4, cudaMemcpyDeviceToHost, m.stream),
-          "download counts");
-  if (a.commit) m.size = start + n;
-  return taps_dev;
+  return forward_impl(m, a, device_taps, true, distinct);
 }
 
 // Device scratch of the greedy verify: argmax ids and their values, [rows] each.

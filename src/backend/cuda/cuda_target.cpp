@@ -325,7 +325,7 @@ int64_t CudaTarget::max_tokens() const { return impl_->cap; }
 void CudaTarget::reset() { impl_->size = 0; }
 uint64_t CudaTarget::device_weight_bytes() const { return impl_->weight_bytes; }
 
-void CudaTarget::forward(const ForwardArgs& a) { forward_impl(*impl_, a, false); }
+void CudaTarget::forward(const ForwardArgs& a) { forward_impl(*impl_, a, false, false, nullptr); }
 void CudaTarget::set_graphs(bool on) { impl_->graphs = on; }
 bool CudaTarget::graphs() const { return impl_->graphs; }
 
@@ -381,16 +381,22 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, boo
 const float* CudaTarget::forward_device_taps(const ForwardArgs& a) {
   if (a.taps) fail("forward_device_taps: the taps stay on the device (pass no host taps buffer)");
   if (!a.tap_layers || a.tap_layers->empty()) fail("forward_device_taps: no tap layers");
-  return forward_impl(*impl_, a, true);
+  return forward_impl(*impl_, a, true, false, nullptr);
 }
 
 // The forward's host side; device_taps: keep the taps in the device buffer (returned), no download.
-const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps) {
+// device_logits (a.logits must be null): compute the logits rows (all or the last) into m.logits
+// and leave them there, fill *distinct (per layer, when a.stats) asynchronously, and return without
+// waiting — the caller reads the logits on the device, synchronises and counts the weight bytes.
+const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps, bool device_logits,
+                          std::vector<int32_t>* distinct_out) {
   const ModelConfig& c = m.cfg;
   if (a.form == AttnForm::expanded)
     fail("the CUDA backend runs the absorbed MLA form only (it computes the same function); use --decode-attn absorbed");
+  if (device_logits && a.logits) fail("internal: logits kept on the device are not downloaded");
+  const bool want_logits = a.logits != nullptr || device_logits;
   const int64_t n = a.n;
-  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility, a.all_logits, a.logits != nullptr);
+  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility, a.all_logits, want_logits);
   const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
   float* taps_dev = nullptr;
   if (n_taps && (a.taps || device_taps)) {
@@ -404,21 +410,24 @@ const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device
   }
   // Repeating shapes replay a captured graph: the one-row AR decode step and the uncommitted
   // DDTree verify (one graph per tree size). Prefills (any length, once) launch kernel by kernel.
-  if (m.graphs && (n == 1 || !a.commit))
-    m.run_graphed(n, start + n, a.all_logits, a.logits != nullptr, taps_dev ? a.tap_layers : nullptr, taps_dev);
-  else
-    m.run(n, 1, start + n, a.logits ? (a.all_logits ? n : 1) : 0, taps_dev ? a.tap_layers : nullptr, taps_dev);
   const int64_t rows = a.all_logits ? n : 1;
+  if (m.graphs && (n == 1 || !a.commit))
+    m.run_graphed(n, start + n, a.all_logits, want_logits, taps_dev ? a.tap_layers : nullptr, taps_dev);
+  else
+    m.run(n, 1, start + n, want_logits ? rows : 0, taps_dev ? a.tap_layers : nullptr, taps_dev);
   if (a.logits)
     check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
   if (taps_dev && !device_taps)
     check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
           "download taps");
-  std::vector<int32_t> distinct(static_cast<size_t>(c.num_hidden_layers), 0);
+  std::vector<int32_t> local;
+  std::vector<int32_t>& distinct = distinct_out ? *distinct_out : local;
+  distinct.assign(static_cast<size_t>(c.num_hidden_layers), 0);
   if (a.stats)
     check(cudaMemcpyAsync(distinct.data(), m.active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, m.stream), "download counts");
-  check(cudaStreamSynchronize(m.stream), "forward");
   if (a.commit) m.size = start + n;
+  if (device_logits) return taps_dev;
+  check(cudaStreamSynchronize(m.stream), "forward");
   if (a.stats) a.stats->weight_bytes += m.weight_bytes_of(n, &distinct, a.logits != nullptr ? rows : 0);
   return taps_dev;
 }

@@ -124,7 +124,9 @@ struct CudaTarget::Impl {
   void finish_layer_bytes();
 };
 
-// CudaTarget::forward's body (cuda_target.cpp); device_taps: see forward_device_taps.
-const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps);
+// CudaTarget::forward's body (cuda_target.cpp); device_taps: see forward_device_taps; device_logits:
+// the logits stay in m.logits and nothing waits (cuda_generate.cpp's device picks).
+const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps, bool device_logits,
+                          std::vector<int32_t>* distinct);
 
 }  // namespace kd
