@@ -53,7 +53,7 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
 // kExpertConfigDefault; KDTREE_CUDA_EXPERT_CONFIG (read once) or set_expert_config(cfg) (tests and
 // the sweep; -1 restores the default) override it. Shapes a staged config cannot take
 // (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
-constexpr int kExpertConfigDefault = 0;
+constexpr int kExpertConfigDefault = 1;  // the sweep's winner (docs/perf.md); 0 is the register kernel
 int expert_config_count();
 int expert_config();
 void set_expert_config(int cfg);
@@ -62,8 +62,9 @@ std::string expert_config_describe(int cfg);  // shape, registers, occupancy, by
 
 // Tensor-core path of linear() for bf16 matrices of ≥ mma_min_rows() rows (mma.cu): fp32 x split
 // exactly into three bf16 parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical
-// whatever M (it serves M = 1 too). Process-wide, off unless set_mma(true) or KDTREE_CUDA_MMA=1
-// (read once); switch it before a forward is captured into a CUDA graph. linear() calls
+// whatever M (it serves M = 1 too). Process-wide, on unless set_mma(false) or KDTREE_CUDA_MMA=0
+// (read once; the measured choice, docs/perf.md); switch it before a forward is captured into a
+// CUDA graph. linear() calls
 // linear_mma() first, which returns false when the path is off or the matrix is not eligible.
 // kMmaMinRows: narrower matrices leave most SMs idle as 16-row tiles; KDTREE_CUDA_MMA_MIN_ROWS
 // (read once) overrides it — 0 sends every bf16 matrix through the MMA path (tests on small models).
@@ -75,9 +76,10 @@ bool mma_eligible(const DevMatrix& w);
 bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
                 cudaStream_t s);
 // Kernel configurations of the bf16 MMA path (tile shape, K split, loads in flight; mma.cu lists
-// them): each keeps rows invariant to M, but two configurations may differ in the last bits. For
-// sweeps and benchmarks only: production runs mma.cu's kDefaultConfig unless KDTREE_CUDA_MMA_CONFIG
-// (read once) or set_mma_config picks another; both fail out of range.
+// them): each keeps rows invariant to M, but two configurations may differ in the last bits.
+// Production picks one by the matrix's shape alone (mma.cu: kTallConfig / kShortConfig);
+// mma_config() is then −1. For sweeps and benchmarks, KDTREE_CUDA_MMA_CONFIG (read once) or
+// set_mma_config(c) forces one for every shape (−1 restores the shape rule); out of range fails.
 int mma_config_count();
 const char* mma_config_name(int c);
 int mma_config();

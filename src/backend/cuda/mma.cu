@@ -486,14 +486,18 @@ constexpr ConfigEntry kConfigs[] = {
 };
 constexpr int kConfigCount = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
-// The production configuration (the sweep's winner). KDTREE_CUDA_MMA_CONFIG (read once) or
-// set_mma_config overrides it — for sweeps and benchmarks only.
-constexpr int kDefaultConfig = 0;
-std::atomic<int> g_mma_config{-1};  // -1: the environment, else kDefaultConfig
+// The production configuration, by the matrix's shape alone (so a matrix's rows stay invariant to
+// M): the sweep's winners (CudaMma.ConfigSweep on the H200, docs/perf.md) — "rt2-kcl2" for
+// matrices of ≥ 4096 rows (lm_head, o_proj, dense, shared experts, q_b: within 3–25 % of the
+// CUDA-core GEMV at M = 1, 1.2–2.9× faster at M = 17), "ks8" below (q_a). KDTREE_CUDA_MMA_CONFIG
+// (read once) or set_mma_config forces one configuration for every shape — sweeps and benchmarks.
+constexpr int kTallConfig = 14, kShortConfig = 8;
+constexpr int64_t kTallRows = 4096;
+std::atomic<int> g_mma_config{-2};  // -2: the environment; -1: by shape; else forced
 
 int config_from_env() {
   const char* e = std::getenv("KDTREE_CUDA_MMA_CONFIG");
-  if (e == nullptr || *e == '\0') return kDefaultConfig;
+  if (e == nullptr || *e == '\0') return -1;
   char* end = nullptr;
   const long c = std::strtol(e, &end, 10);
   if (*end != '\0' || c < 0 || c >= kConfigCount)
@@ -502,9 +506,10 @@ int config_from_env() {
 }
 
 // A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
-int env_switch(const char* name) {
+int env_switch(const char* name, int unset = 0) {
   const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return 0;
+  if (e == nullptr || *e == '\0') return unset;
+  if (std::strcmp(e, "0") == 0) return 0;
   if (std::strcmp(e, "1") == 0) return 1;
   fail(name, " must be 0 or 1, not '", std::string(e), "'");
 }
@@ -518,7 +523,7 @@ void set_mma(bool on) { g_mma_override.store(on ? 1 : 0); }
 bool mma_enabled() {
   const int o = g_mma_override.load();
   if (o >= 0) return o == 1;
-  static const int from_env = env_switch("KDTREE_CUDA_MMA");
+  static const int from_env = env_switch("KDTREE_CUDA_MMA", 1);  // on unless KDTREE_CUDA_MMA=0
   return from_env == 1;
 }
 
@@ -542,7 +547,8 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   if (M <= 0) return true;
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
-  kConfigs[mma_config()].fn(w, x, ldx, M, y, ldy, ep, s);
+  const int forced = mma_config();
+  kConfigs[forced >= 0 ? forced : (w.rows >= kTallRows ? kTallConfig : kShortConfig)].fn(w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear (MMA)");
   return true;
 }
@@ -554,12 +560,12 @@ const char* mma_config_name(int c) {
 }
 int mma_config() {
   const int c = g_mma_config.load();
-  if (c >= 0) return c;
+  if (c >= -1) return c;
   static const int from_env = config_from_env();
   return from_env;
 }
 void set_mma_config(int c) {
-  if (c < 0 || c >= kConfigCount) fail("MMA config ", c, " out of range [0, ", kConfigCount, ")");
+  if (c < -1 || c >= kConfigCount) fail("MMA config ", c, " out of range [-1 (by shape), ", kConfigCount, ")");
   g_mma_config.store(c);
 }
 
