@@ -7,6 +7,8 @@
 
 namespace kd {
 
+struct DraftTopK;  // spec/tree.h
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -21,6 +23,13 @@ class Drafter {
   // Draft logits [B − 1, vocab] for positions start + 1 … start + B − 1, where the bonus token sits
   // at position start == context_len().
   virtual void draft(int32_t bonus, int64_t start, float* logits) = 0;
+  // Optional, for drafters on a device: draft(), then the tree builder's top-k (k ≤ 128) of the
+  // first L draft rows computed where the logits are (bit-identical to draft_top_k over draft()'s
+  // logits, spec/tree.h), so the logits never come to the host. false: not offered — call draft().
+  virtual bool top_k_on_device(int32_t bonus, int64_t start, int64_t L, int64_t k, DraftTopK& out) {
+    (void)bonus, (void)start, (void)L, (void)k, (void)out;
+    return false;
+  }
 };
 
 // A drafter for measurement and tests, clearly not a model: it knows the target's own continuation

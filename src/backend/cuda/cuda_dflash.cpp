@@ -266,6 +266,12 @@ DraftTopK CudaDFlash::draft_top_k(int32_t bonus, int64_t start, int64_t L, int64
 
 int64_t CudaDFlash::top_k_fallback_rows() const { return impl_->top_k.fallback_rows(); }
 
+bool CudaDFlash::top_k_on_device(int32_t bonus, int64_t start, int64_t L, int64_t k, DraftTopK& out) {
+  if (k < 1 || k > kMaxDeviceTopK) return false;
+  out = draft_top_k(bonus, start, L, k);
+  return true;
+}
+
 void CudaDFlash::Impl::block_forward(int32_t bonus, int64_t start) {
   Impl& m = *this;
   const DFlashConfig& c = m.cpu.config();

@@ -37,7 +37,9 @@ class CudaDFlash : public Drafter {
   // computed on the device (draft_top_k.h: bit-identical to the host over draft()'s logits),
   // downloading [L, k] ids and logits and 24 bytes a row (one sync; a rare row also comes whole).
   DraftTopK draft_top_k(int32_t bonus, int64_t start, int64_t L, int64_t k);
-  int64_t top_k_fallback_rows() const;  // rows of draft_top_k resolved from a full row download
+  int64_t top_k_fallback_rows() const;
+  // The Drafter hook (the serving engine's rounds): draft_top_k when k ≤ kMaxDeviceTopK.
+  bool top_k_on_device(int32_t bonus, int64_t start, int64_t L, int64_t k, DraftTopK& out) override;  // rows of draft_top_k resolved from a full row download
 
   // Context features from device taps [rows, taps, hidden]: rows = null → rows 0 … n − 1 in order;
   // else rows[0 … n) (host indices into taps, e.g. a DDTree path). Queued on the target's stream;
