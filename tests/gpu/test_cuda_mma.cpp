@@ -310,16 +310,27 @@ double median_us(const std::vector<cuda::DevMatrix>& copies, const float* x, int
   return ms[ms.size() / 2] * 1e3;
 }
 
+// Configurations whose outputs must equal another configuration's bit for bit (mma.cu: the "xs"
+// kernels keep config 14's reduction order for tall matrices and run config 8's kernels for short
+// ones), by name; -1: no such configuration.
+int config_index(const char* name) {
+  for (int c = 0; c < cuda::mma_config_count(); ++c)
+    if (std::strcmp(cuda::mma_config_name(c), name) == 0) return c;
+  return -1;
+}
+
 // Every kernel configuration of the bf16 MMA path (cuda::set_mma_config): asserted — parity against
-// fp64 (≤ 2× the plain fp32 loop's error) at 7168x2048 and 1536x7168, M = 17, and every row of M = 5 / 9 / 17 / 33
-// bit-equal to the row alone (M = 1) for a tall (7168x2048) and a short (1536x7168) matrix, i.e.
-// both K-split rules and all four token tiles; printed — µs and GB/s of weight bytes (median of 21)
-// for M = 1, 2, 4, 8, 17, 33 at four shapes, with the CUDA-core path as the first row.
+// fp64 (≤ 2× the plain fp32 loop's error) at 7168x2048 and 1536x7168, M = 17, and every row of
+// M = 5 / 9 / 17 / 33 / 64 / 70 bit-equal to the row alone (M = 1) for a tall (7168x2048) and a short
+// (1536x7168) matrix, i.e. both K-split rules, every token tile and (xs) one and two passes; the "xs"
+// configurations equal "rt2-kcl2" (tall) and "ks8" (short) bit for bit at M = 70; printed — µs and
+// GB/s of weight bytes (median of 21) for M = 1, 2, 4, 8, 17, 33, 64 at four shapes, with the
+// CUDA-core path as the first row (timed: a few reference configurations and every xs one).
 TEST(CudaMma, ConfigSweep) {
   REQUIRE_GPU();
   std::mt19937 rng(301);
   const Matrix tall(7168, 2048, rng), shrt(1536, 7168, rng);
-  const int64_t Mmax = 33;
+  const int64_t Mmax = 70;
   const std::vector<float> xt = normal_x(Mmax * tall.cols, rng), xs = normal_x(Mmax * shrt.cols, rng);
   std::vector<double> ref, ref_s;
   std::vector<float> plain, plain_s;
@@ -346,14 +357,29 @@ TEST(CudaMma, ConfigSweep) {
         const std::vector<float> y1 = run(*a, &x[size_t(m * a->cols)], 1, Epilogue::store);
         std::copy(y1.begin(), y1.end(), alone.begin() + m * a->rows);
       }
-      for (int64_t M : {5, 9, 17, 33}) {
+      for (int64_t M : {5, 9, 17, 33, 64, 70}) {
         const std::vector<float> y = run(*a, x.data(), M, Epilogue::store);
         for (int64_t m = 0; m < M; ++m)
           bad += std::memcmp(&y[size_t(m * a->rows)], &alone[size_t(m * a->rows)], size_t(a->rows) * 4) != 0;
       }
     }
-    std::printf("  %2d %-8s %.2f %.2f %-4s inv %-4s%s", c, cuda::mma_config_name(c), r, rs,
-                finite && r <= 2 && rs <= 2 ? "ok" : "FAIL", bad == 0 ? "ok" : "FAIL", c % 3 == 2 || c == n_cfg - 1 ? "\n" : " |");
+    // xs configurations: the same bits as their reference configurations (another kernel, same order).
+    int differ = 0;
+    if (std::strncmp(cuda::mma_config_name(c), "xs", 2) == 0) {
+      const int ref_tall = config_index("rt2-kcl2"), ref_short = config_index("ks8");
+      EXPECT_TRUE(ref_tall >= 0 && ref_short >= 0) << "reference configurations renamed?";
+      for (const Matrix* a : {&tall, &shrt}) {
+        const std::vector<float>& x = a == &tall ? xt : xs;
+        const std::vector<float> y = run(*a, x.data(), Mmax, Epilogue::store);
+        ConfigScope rs_scope(a == &tall ? ref_tall : ref_short);
+        const std::vector<float> y_ref = run(*a, x.data(), Mmax, Epilogue::store);
+        differ += std::memcmp(y.data(), y_ref.data(), y.size() * 4) != 0;
+      }
+    }
+    std::printf("  %2d %-8s %.2f %.2f %-4s inv %-4s%s%s", c, cuda::mma_config_name(c), r, rs,
+                finite && r <= 2 && rs <= 2 ? "ok" : "FAIL", bad == 0 ? "ok" : "FAIL", differ ? " REFBITS-FAIL" : "",
+                c % 3 == 2 || c == n_cfg - 1 ? "\n" : " |");
+    EXPECT_EQ(0, differ) << "config " << c << " (" << cuda::mma_config_name(c) << "): bits differ from its reference configuration";
     EXPECT_TRUE(finite) << "config " << c << ": unwritten or non-finite output";
     EXPECT_LE(r, 2.0) << "config " << c << " (" << cuda::mma_config_name(c) << ") 7168x2048";
     EXPECT_LE(rs, 2.0) << "config " << c << " (" << cuda::mma_config_name(c) << ") 1536x7168";
@@ -367,7 +393,12 @@ TEST(CudaMma, ConfigSweep) {
   struct Shape {
     int64_t rows, cols;
   };
-  const int64_t Ms[] = {1, 2, 4, 8, 17, 33};
+  const int64_t Ms[] = {1, 2, 4, 8, 17, 33, 64};
+  // Timed: the CUDA-core path, earlier sweeps' contenders and every xs configuration (the sweep's
+  // wall time stays well under a minute); parity and invariance above cover all of them.
+  auto timed = [](int c) {
+    return c < 0 || c == 0 || c == 2 || c == 8 || c == 10 || c == 14 || std::strncmp(cuda::mma_config_name(c), "xs", 2) == 0;
+  };
   for (const Shape sh : {Shape{16384, 7168}, Shape{7168, 8192}, Shape{1536, 7168}, Shape{2048, 7168}}) {
     const size_t bytes = size_t(sh.rows * sh.cols) * 2;
     const size_t n_copies = std::max<size_t>(1, (3 * size_t(prop.l2CacheSize) + bytes - 1) / bytes);
@@ -386,9 +417,10 @@ TEST(CudaMma, ConfigSweep) {
     cuda::fill_f32(static_cast<float*>(dx.p), 64 * sh.cols, -1.0f, 1.0f, 8, nullptr);
     cuda::check(cudaDeviceSynchronize(), "fill");
     const double gb = double(bytes) / 1e9;
-    std::printf("%lldx%lld bf16 %.0f MB x%zu copies | us/GBps at M = 1 2 4 8 17 33\n", (long long)sh.rows,
+    std::printf("%lldx%lld bf16 %.0f MB x%zu copies | us/GBps at M = 1 2 4 8 17 33 64\n", (long long)sh.rows,
                 (long long)sh.cols, gb * 1e3, n_copies);
     for (int c = -1; c < n_cfg; ++c) {
+      if (!timed(c)) continue;
       MmaScope mode(c >= 0);
       ConfigScope cs(c >= 0 ? c : cuda::mma_config());
       std::printf("  %2d %-8s", c, c >= 0 ? cuda::mma_config_name(c) : "core");

@@ -302,14 +302,15 @@ __device__ __forceinline__ void int4_warp(const uint32_t* w32, const uint16_t* s
   }
 }
 
-// The block's KS partials (shared memory, added in warp order) and the epilogue. Token tok's output
-// row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the matrix). Ends with a barrier
-// so the caller may reuse `part`.
+// The KS partials of one group of KS warps (shared memory, added in warp order) and the epilogue;
+// tid: the thread's index within its group (threadIdx.x when the block is one group). Token tok's
+// output row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the matrix). Ends with a
+// barrier (every group of the block calls it together) so the caller may reuse `part`.
 template <int RT, int NT, int KS, class YRow>
 __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 4], const float (&acc)[RT][NT][4], int64_t row0,
-                                            int64_t rows, int mcount, int ep, YRow yrow) {
+                                            int64_t rows, int mcount, int ep, YRow yrow, int tid) {
   constexpr int ROWS = 16 * RT, TOK = 8 * NT;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -324,14 +325,14 @@ __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 
     return v;
   };
   if (ep == int(Epilogue::swiglu)) {
-    for (int e = threadIdx.x; e < TOK * (ROWS / 2); e += KS * 32) {
+    for (int e = tid; e < TOK * (ROWS / 2); e += KS * 32) {
       const int tok = e / (ROWS / 2), j = e % (ROWS / 2);
       if (tok >= mcount || row0 + 2 * j + 1 >= rows) continue;
       const float gv = total(tok, 2 * j), uv = total(tok, 2 * j + 1);
       yrow(tok)[(row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
     }
   } else {
-    for (int e = threadIdx.x; e < TOK * ROWS; e += KS * 32) {
+    for (int e = tid; e < TOK * ROWS; e += KS * 32) {
       const int tok = e / ROWS, r = e % ROWS;
       if (tok >= mcount || row0 + r >= rows) continue;
       float* out = yrow(tok) + row0 + r;
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, 
   for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
   float acc[RT][NT][4];
   bf16_warp<RT, NT, KS, U, PF, LD, KC>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
-  finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; });
+  finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; }, int(threadIdx.x));
 }
 
 // INT4 routed experts: grid (ceil(rows / (16·RT)), max_active); block y serves the y-th active
@@ -383,9 +384,11 @@ __global__ void __launch_bounds__(KS * 32) mma_expert_kernel(ExpertBatch b, cons
     float acc[RT][1][4];
     int4_warp<RT, KS, U>(static_cast<const uint32_t*>(wbase), sbase, b.w.rows, b.w.cols, row0, xr, acc, warp, lane);
     finish_tile<RT, 1, KS>(part, acc, row0, b.w.rows, mcount, ep,
-                           [&](int tok) { return y + int64_t(b.out_row[off + t0 + tok]) * ldy; });
+                           [&](int tok) { return y + int64_t(b.out_row[off + t0 + tok]) * ldy; }, int(threadIdx.x));
   }
 }
+
+#include "backend/cuda/mma_xs.cuh"  // mma_linear_xs_kernel, mma_linear_xw_kernel
 
 template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
 void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
@@ -431,6 +434,60 @@ void dispatch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float*
     dispatch_m<C, C::KSS, false>(w, x, ldx, M, y, ldy, ep, s);
 }
 
+// An xs configuration (M > 8 of tall matrices; see mma_linear_xs_kernel): RT 16-row tiles a warp,
+// RW groups of KS = 4 warps a block (K in runs of U = 2 k32 blocks, config 14's order), up to NTMAX
+// token tiles a pass (more tokens: further passes, neighbouring blocks, so they share the weights
+// through L2), MINB blocks an SM asked of ptxas. M ≤ 8 runs config 14's one-tile kernel and short
+// matrices config 8's kernels: the same bits, so each row stays invariant to M.
+// WST 0: mma_linear_xs_kernel (weights in registers, one stage ahead); ≥ 2: mma_linear_xw_kernel
+// (weights through a WST-stage shared-memory ring, WST − 1 stages in flight).
+template <int RT_, int RW_, int NTMAX_, int MINB_, int WST_ = 0>
+struct XsConfig {
+  static constexpr int RT = RT_, RW = RW_, NTMAX = NTMAX_, MINB = MINB_, WST = WST_, KS = 4, U = 2;
+};
+using TallKc = Config<4, 8, 2, 2, 16, 2, 2, true, 2, true>;  // config 14 "rt2-kcl2"
+using ShortKs8 = Config<8, 16, 1, 2, 16, 2, 1, true, 1>;      // config 8 "ks8"
+static_assert(TallKc::KST == 4 && TallKc::UW == 2 && TallKc::KC, "xs kernels reproduce config 14's reduction order");
+
+template <class X, int NT>
+constexpr auto xs_kernel_ptr() {
+  if constexpr (X::WST == 0)
+    return &mma_linear_xs_kernel<X::RT, NT, X::KS, X::RW, X::U, 2, X::MINB>;
+  else
+    return &mma_linear_xw_kernel<X::RT, NT, X::KS, X::RW, X::U, X::WST, X::MINB>;
+}
+
+template <class X, int NT>
+void launch_xs(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  constexpr size_t smem = X::WST == 0 ? xs_bytes<X::RT, NT, X::KS, X::RW, X::U>() : xw_bytes<X::RT, NT, X::KS, X::RW, X::U, X::WST>();
+  static_assert(smem <= 227 * 1024, "xs kernel: shared memory over the SM's 227 KB");
+  auto* kernel = xs_kernel_ptr<X, NT>();
+  // Every launch (the attribute is per device); not a stream operation, so graph capture is fine.
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "xs kernel shared memory");
+  const int64_t gy = (w.rows + 16 * X::RT * X::RW - 1) / (16 * X::RT * X::RW), gx = (M + 8 * NT - 1) / (8 * NT);
+  if (gy > 65535 || gx > 2147483647) fail("CUDA linear (MMA xs): ", w.rows, " rows × ", M, " tokens exceed the grid");
+  kernel<<<dim3(unsigned(gx), unsigned(gy)), X::KS * X::RW * 32, smem, s>>>(w, x, ldx, M, y, ldy, int(ep));
+}
+
+template <class X, int NT = 2>
+void launch_xs_nt(int nt, const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
+                  cudaStream_t s) {
+  if constexpr (NT <= X::NTMAX) {
+    if (nt <= NT) return launch_xs<X, NT>(w, x, ldx, M, y, ldy, ep, s);
+    launch_xs_nt<X, NT + 1>(nt, w, x, ldx, M, y, ldy, ep, s);
+  } else {
+    fail("CUDA linear (MMA xs): ", nt, " token tiles a pass, more than the configuration's ", X::NTMAX);
+  }
+}
+
+template <class X>
+void dispatch_xs(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  if (w.rows < 4096) return dispatch_m<ShortKs8, ShortKs8::KSS, false>(w, x, ldx, M, y, ldy, ep, s);
+  if (M <= 8) return dispatch_m<TallKc, TallKc::KST, true>(w, x, ldx, M, y, ldy, ep, s);
+  const int64_t tiles = (M + 7) / 8;
+  launch_xs_nt<X>(int(tiles < X::NTMAX ? tiles : X::NTMAX), w, x, ldx, M, y, ldy, ep, s);
+}
+
 using DispatchFn = void (*)(const DevMatrix&, const float*, int64_t, int64_t, float*, int64_t, Epilogue, cudaStream_t);
 struct ConfigEntry {
   const char* name;
@@ -466,6 +523,21 @@ struct ConfigEntry {
 // 13 rt2-kc: 3 with runs of 2 consecutive k32 blocks. 14 rt2-kcl2: 13 with the L2::256B hint.
 // 15 w-rt1: 1 for M ≤ 8; wide tiles with 16 rows a warp and U 1 (fewer registers than RTW 2's
 //    180–210, which leave 2 blocks = 8 warps an SM at M > 8 in every other config).
+// 16–19 xs*: config 14 for M ≤ 8 and config 8 for short matrices (so the same bits as those two);
+//    tall M > 8 runs mma_linear_xs_kernel: weights read once for up to 8 · NTMAX tokens, x split
+//    once a block into shared memory, not once per 16·RT rows (M = 17 used to re-run the
+//    per-warp split and an unprefetched L2 read of x for 3 tiles at 8 warps an SM).
+//    [registers, ptxas -v, NT = 2 … NTMAX]
+// 16 xs: RT 1, 4 groups (16 warps, 64 rows a block), NTMAX 8 (M ≤ 64 a pass) [112–128, ≤ 64 B
+//    spilled], 160 KB shared: 1 block an SM, 16 × 2 KB weights in flight.
+// 17 xs-n4: RT 1, 2 groups, NTMAX 4, 2 blocks an SM asked [116–128, ≤ 24 B spilled], 80 KB each.
+// 18 xs-rt2: RT 2, 2 groups (64 rows a block), NTMAX 4 [166–242]: 1 block of 8 warps, 4 KB each.
+// 19 xs-n8w2: RT 1, 2 groups, NTMAX 8 [124–255]: 1 block of 8 warps an SM at NT ≥ 4.
+// 16–19 hold only one stage (2–4 KB a warp, ≈ 32 KB an SM) of weights in flight: registers run
+// out first. 20–22 (mma_linear_xw_kernel) stream weights through a shared-memory ring instead:
+// 20 xsw3: as 16 with a 3-stage ring (2 × 32 KB in flight an SM) [110–128, ≤ 44 B spilled], 192 KB.
+// 21 xsw4-n4: RT 1, 4 groups, NTMAX 4, 4-stage ring (3 × 32 KB in flight) [112–128], 176 KB.
+// 22 xsw3-rt2: RT 2, 2 groups (8 warps, 64 rows), NTMAX 4, 3-stage ring (2 × 32 KB) [154–196], 144 KB.
 constexpr ConfigEntry kConfigs[] = {
     {"base", &dispatch<Config<4, 8, 1, 4, 0, 2, 4, false, 0>>},
     {"pf", &dispatch<Config<4, 8, 1, 1, 32, 2, 2, true, 1>>},
@@ -483,6 +555,13 @@ constexpr ConfigEntry kConfigs[] = {
     {"rt2-kc", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 1, true>>},
     {"rt2-kcl2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 2, true>>},
     {"w-rt1", &dispatch<Config<4, 8, 1, 1, 32, 1, 1, true, 1>>},
+    {"xs", &dispatch_xs<XsConfig<1, 4, 8, 1>>},
+    {"xs-n4", &dispatch_xs<XsConfig<1, 2, 4, 2>>},
+    {"xs-rt2", &dispatch_xs<XsConfig<2, 2, 4, 1>>},
+    {"xs-n8w2", &dispatch_xs<XsConfig<1, 2, 8, 1>>},
+    {"xsw3", &dispatch_xs<XsConfig<1, 4, 8, 1, 3>>},
+    {"xsw4-n4", &dispatch_xs<XsConfig<1, 4, 4, 1, 4>>},
+    {"xsw3-rt2", &dispatch_xs<XsConfig<2, 2, 4, 1, 3>>},
 };
 constexpr int kConfigCount = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
