@@ -316,21 +316,41 @@ struct StageLoader {
     nsteps = (cnt + MT - 1) / MT * S;
   }
   __device__ __forceinline__ const uint8_t* stage(int j) const { return smem + (j % ST) * C::stage; }
+  // Weights and scales of 1024-column step s into stage st.
+  __device__ __forceinline__ void copy_ws(uint8_t* st, int s) const {
+#pragma unroll
+    for (int k = 0; k < R; ++k) {  // W·R·32 copies over W·32 threads
+      const int i = int(threadIdx.x) + k * C::threads, r = i >> 5, c = i & 31;
+      const int64_t row = min(tile0 + r, nrows - 1);  // a partial last tile re-reads the last row
+      cp_async16(st + i * 16, wb + row * row_bytes + int64_t(s) * 512 + c * 16);
+    }
+    for (int i = int(threadIdx.x); i < C::rows * 4; i += C::threads) {
+      const int r = i >> 2, c = i & 3;
+      const int64_t row = min(tile0 + r, nrows - 1);
+      cp_async16(st + C::w_bytes + i * 16, sb + row * srow_bytes + int64_t(s) * 64 + c * 16);
+    }
+  }
+  // x of step s for the tile's tokens, token m's row at xr[m] (issue_at; issue() keeps its own x loop,
+  // which looks in_row up per copy: hoisting it changed the staged configs' registers as swept).
+  __device__ __forceinline__ void copy_x(uint8_t* st, int s, const float* const (&xr)[MT]) const {
+    static_assert(256 % C::threads == 0, "a token's 256 copies split evenly over the block");
+#pragma unroll
+    for (int k = 0; k < MT * 256 / C::threads; ++k) {  // token m = k·threads / 256: a constant, xr stays in registers
+      const int m = k * C::threads / 256, i = int(threadIdx.x) + k * C::threads, ch = (i >> 3) & 31, q = i & 7;
+      cp_async16(st + C::w_bytes + C::s_bytes + m * 4096 + ch * 128 + ((q ^ (ch & 7)) * 16), xr[m] + int64_t(s) * 1024 + ch * 32 + q * 4);
+    }
+  }
+  // The x rows of token tile t (a short last tile repeats its last token).
+  __device__ __forceinline__ void tile_rows(int t, const float* (&xr)[MT]) const {
+    const int mc = min(MT, cnt - t * MT);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) xr[m] = x + int64_t(in_row[off + t * MT + min(m, mc - 1)]) * ldx;
+  }
   __device__ __forceinline__ void issue(int j) const {
     if (j < nsteps) {
       uint8_t* st = smem + (j % ST) * C::stage;
       const int t = j / S, s = j % S;
-#pragma unroll
-      for (int k = 0; k < R; ++k) {  // W·R·32 copies over W·32 threads
-        const int i = int(threadIdx.x) + k * C::threads, r = i >> 5, c = i & 31;
-        const int64_t row = min(tile0 + r, nrows - 1);  // a partial last tile re-reads the last row
-        cp_async16(st + i * 16, wb + row * row_bytes + int64_t(s) * 512 + c * 16);
-      }
-      for (int i = int(threadIdx.x); i < C::rows * 4; i += C::threads) {
-        const int r = i >> 2, c = i & 3;
-        const int64_t row = min(tile0 + r, nrows - 1);
-        cp_async16(st + C::w_bytes + i * 16, sb + row * srow_bytes + int64_t(s) * 64 + c * 16);
-      }
+      copy_ws(st, s);
       const int mc = min(MT, cnt - t * MT);
       for (int i = int(threadIdx.x); i < MT * 256; i += C::threads) {
         const int m = i >> 8, ch = (i >> 3) & 31, q = i & 7;
@@ -338,6 +358,16 @@ struct StageLoader {
         const float* src = x + int64_t(in_row[jj]) * ldx + int64_t(s) * 1024 + ch * 32 + q * 4;
         cp_async16(st + C::w_bytes + C::s_bytes + m * 4096 + ch * 128 + ((q ^ (ch & 7)) * 16), src);
       }
+    }
+    cp_async_commit();  // empty groups too, so wait_group<ST − 2> always means "step j has landed"
+  }
+  // issue(j) for a caller that tracks step j's column step s and its tile's x rows: no integer
+  // division and no in_row load a step (the lean kernel).
+  __device__ __forceinline__ void issue_at(int j, int s, const float* const (&xr)[MT]) const {
+    if (j < nsteps) {
+      uint8_t* st = smem + (j % ST) * C::stage;
+      copy_ws(st, s);
+      copy_x(st, s, xr);
     }
     cp_async_commit();  // empty groups too, so wait_group<ST − 2> always means "step j has landed"
   }
@@ -499,18 +529,30 @@ __global__ void __launch_bounds__(W * 32, MINB) expert_kernel_lean(ExpertBatch b
   const int a = int(blockIdx.y);
   if (a >= *b.n_active) return;
   const StageLoader<W, R, MT, ST> ld(smem, b, a, x, ldx);
+  // Issue side: step ji, its column step si and token tile ti, the tile's x rows (loaded once a tile).
+  int ji = 0, si = 0, ti = 0;
+  const float* xr[MT];
+  ld.tile_rows(0, xr);
+  auto issue_next = [&] {
+    ld.issue_at(ji, si, xr);
+    ++ji;
+    if (++si == ld.S) {
+      si = 0;
+      if (++ti * MT < ld.cnt) ld.tile_rows(ti, xr);
+    }
+  };
 #pragma unroll
-  for (int j = 0; j < ST - 1; ++j) ld.issue(j);
+  for (int j = 0; j < ST - 1; ++j) issue_next();
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const int64_t row0 = ld.tile0 + warp * R;
   float acc[MT][R];
+  int t = 0, s = 0;  // compute side: token tile and column step of step j
 #pragma unroll 1
   for (int j = 0; j < ld.nsteps; ++j) {
     cp_async_wait<ST - 2>();
     __syncthreads();  // step j visible to all; everyone is done with step j − 1's stage
-    ld.issue(j + ST - 1);  // into step j − 1's stage
+    issue_next();     // step j + ST − 1, into step j − 1's stage
     const uint8_t* st = ld.stage(j);
-    const int t = j / ld.S, s = j % ld.S;
     const int mc = min(MT, ld.cnt - t * MT);
     if (s == 0)
 #pragma unroll
@@ -531,6 +573,10 @@ __global__ void __launch_bounds__(W * 32, MINB) expert_kernel_lean(ExpertBatch b
 #pragma unroll
       for (int m = 0; m < MT; ++m) ys[m] = y + int64_t(b.out_row[ld.off + t * MT + min(m, mc - 1)]) * ldy;
       finish<R, MT>(acc, mc, row0, ld.nrows, ys, ep, lane);  // rows ≥ nrows are skipped by store()
+    }
+    if (++s == ld.S) {
+      s = 0;
+      ++t;
     }
   }
 }
@@ -570,8 +616,9 @@ constexpr StagedConfig kStaged[] = {
     {4, 8, 1, 2, 5},   // 15: 5 blocks (smem 44 KB, ≤ 102 regs: spills ~24 B) → 92 KB
     // Lean kernel (V = 1): mask unpack + fused correction, ≈ 2.7 → 2.5 issued instructions a weight.
     {4, 8, 1, 2, 4, 1},   // 16: config 1's tiles, lean arithmetic: the direct A/B against 1
-    {4, 8, 1, 2, 5, 1},   // 17: config 15's 5 blocks, now without its spill (rows read just in time)
-    {2, 16, 1, 2, 5, 1},  // 18: 16 rows a warp: x prep (72 instructions a token-chunk) shared by 16 rows
+    {4, 8, 1, 2, 5, 1},   // 17: config 15's 5 blocks (≤ 102 regs): spills 4 B where 15 spills 24 B
+    {2, 16, 1, 2, 4, 1},  // 18: 16 rows a warp: x prep (73 instructions a token-chunk) shared by 16 rows; smem 45 KB
+                          //     → 5 blocks if ≤ 204 regs (MINB 5 made ptxas stop at 168 and spill)
     {4, 16, 1, 2, 2, 1},  // 19: 64-row blocks (smem 82 KB → 2 blocks, 8 warps/SM): fewer x copies per weight
     {4, 8, 2, 2, 3, 1},   // 20: token pairs share each unpacked weight (experts with ≥ 2 rows; N ≥ 16)
     {2, 8, 2, 2, 6, 1},   // 21: pairs in 16-row blocks, 6 blocks (smem 34 KB, ≤ 170 regs) → 12 warps/SM
