@@ -335,9 +335,10 @@ struct StageLoader {
   __device__ __forceinline__ void copy_x(uint8_t* st, int s, const float* const (&xr)[MT]) const {
     static_assert(256 % C::threads == 0, "a token's 256 copies split evenly over the block");
 #pragma unroll
-    for (int k = 0; k < MT * 256 / C::threads; ++k) {  // token m = k·threads / 256: a constant, xr stays in registers
+    for (int k = 0; k < MT * 256 / C::threads; ++k) {  // token m = k·threads / 256, a constant: xr stays in registers
       const int m = k * C::threads / 256, i = int(threadIdx.x) + k * C::threads, ch = (i >> 3) & 31, q = i & 7;
-      cp_async16(st + C::w_bytes + C::s_bytes + m * 4096 + ch * 128 + ((q ^ (ch & 7)) * 16), xr[m] + int64_t(s) * 1024 + ch * 32 + q * 4);
+      cp_async16(st + C::w_bytes + C::s_bytes + m * 4096 + ch * 128 + ((q ^ (ch & 7)) * 16),
+                 xr[m] + int64_t(s) * 1024 + ch * 32 + q * 4);
     }
   }
   // The x rows of token tile t (a short last tile repeats its last token).
@@ -462,12 +463,12 @@ __global__ void __launch_bounds__(W * 32, MINB) expert_kernel_staged(ExpertBatch
 //    FFMA of the staged kernel rounds: the chain g is bit-identical. 8 LOP3 + 1 SHF a word, not 11.
 //  - the correction g·2^69 − 8·Σx as one FFMA: g·2^69 is exact (a power-of-two scale), so the single
 //    rounding equals __fsub_rn(__fmul_rn(g, 2^69), 8·Σx).
-//  - a row's 16 weight bytes are read from shared memory when the row is computed (ptxas still hoists
-//    some), so R = 16 — x prep shared by twice the rows — fits 168–234 registers without spilling.
-//  - MT = 2: both tokens of a tile use each unpacked weight (0.56 integer ops a weight and token); a
-//    tile with one token runs the one-token body (no wasted FFMAs).
+//  - a row's weights are read from shared memory when the row is computed, so R = 16 (x prep shared by
+//    twice the rows) fits without spilling; the step's tile and x rows are tracked, not divided out.
+//  - MT = 2: both tokens of a tile use each unpacked weight; a one-token tile runs the one-token body.
 // Same bits while every |x| < 2^48 (beyond it the staged kernel's x·2^80 overflows to inf, the lean
 // one's x·2^60 not always); the sweep and ConfigsPartialTiles assert config 0's bits.
+
 // 2^(80 − p) for nibble t of a word, p its bit position after the mask (t ≥ 6 come from w >> 8).
 __device__ __forceinline__ constexpr float lean_xscale(int t) {
   return t == 0 ? 0x1p80f : t == 1 ? 0x1p76f : t == 2 ? 0x1p72f : t == 3 ? 0x1p68f : t == 4 ? 0x1p64f : t == 5 ? 0x1p60f
