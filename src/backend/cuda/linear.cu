@@ -624,6 +624,7 @@ constexpr StagedConfig kStaged[] = {
     {4, 8, 2, 2, 3, 1},   // 20: token pairs share each unpacked weight (experts with ≥ 2 rows; N ≥ 16)
     {2, 8, 2, 2, 6, 1},   // 21: pairs in 16-row blocks, 6 blocks (smem 34 KB, ≤ 170 regs) → 12 warps/SM
     {2, 16, 2, 2, 4, 1},  // 22: pairs × 16 rows a warp: both amortisations
+    {8, 8, 1, 2, 2, 1},   // 23: 16's warps in 64-row blocks (smem 82 KB, 2 blocks, 16 warps/SM): half the x copies
 };
 constexpr int kExpertConfigs = 1 + int(sizeof(kStaged) / sizeof(kStaged[0]));
 
@@ -662,13 +663,13 @@ void with_staged(int cfg, F&& f) {
     KD_STAGED(1) KD_STAGED(2) KD_STAGED(3) KD_STAGED(4) KD_STAGED(5) KD_STAGED(6) KD_STAGED(7)
     KD_STAGED(8) KD_STAGED(9) KD_STAGED(10) KD_STAGED(11) KD_STAGED(12) KD_STAGED(13) KD_STAGED(14)
     KD_STAGED(15) KD_STAGED(16) KD_STAGED(17) KD_STAGED(18) KD_STAGED(19) KD_STAGED(20) KD_STAGED(21)
-    KD_STAGED(22)
+    KD_STAGED(22) KD_STAGED(23)
     default:
       fail("CUDA expert config ", cfg, " does not exist (0 … ", kExpertConfigs - 1, ")");
   }
 #undef KD_STAGED
 }
-static_assert(kExpertConfigs == 23, "with_staged lists every staged config");
+static_assert(kExpertConfigs == 24, "with_staged lists every staged config");
 
 int g_expert_config = -1;  // -1: not chosen yet (KDTREE_CUDA_EXPERT_CONFIG, else kExpertConfigDefault)
 
