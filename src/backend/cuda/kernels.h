@@ -47,8 +47,9 @@ struct ExpertBatch {
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
-// Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 …
-// the shared-memory staged kernel in several tile/stage shapes). Every config writes the same bits
+// Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 … 15
+// the shared-memory staged kernel in several tile/stage shapes, 16 … the lean staged kernel: fewer
+// instructions a weight, token pairs). Every config writes the same bits
 // (same per-lane chunk order and arithmetic), so the choice is performance only. Production uses
 // kExpertConfigDefault; KDTREE_CUDA_EXPERT_CONFIG (read once) or set_expert_config(cfg) (tests and
 // the sweep; -1 restores the default) override it. Shapes a staged config cannot take
