@@ -312,8 +312,8 @@ void sweep(const Mat& m, uint32_t seed) {
 TEST(CudaExperts, ConfigSweep) {
   REQUIRE_GPU();
   ModeScope restore;
-  std::printf("device read bandwidth %.0f GB/s; production default config %d; configs:\n",
-              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigDefault);
+  std::printf("device read bandwidth %.0f GB/s; production configs %d (gate/up), %d (down); configs:\n",
+              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigGateUp, cuda::kExpertConfigDown);
   for (const int c : swept_configs()) std::printf("  %2d %s\n", c, cuda::expert_config_describe(c).c_str());
   sweep(Mat{"gate/up", 384, 4096, 7168, Epilogue::swiglu}, 501);
   sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);

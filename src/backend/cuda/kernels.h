@@ -50,11 +50,12 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
 // Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 … 15
 // the shared-memory staged kernel in several tile/stage shapes, 16 … the lean staged kernel: fewer
 // instructions a weight, token pairs). Every config writes the same bits
-// (same per-lane chunk order and arithmetic), so the choice is performance only. Production uses
-// kExpertConfigDefault; KDTREE_CUDA_EXPERT_CONFIG (read once) or set_expert_config(cfg) (tests and
-// the sweep; -1 restores the default) override it. Shapes a staged config cannot take
-// (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
-constexpr int kExpertConfigDefault = 1;  // the sweep's winner (docs/perf.md); 0 is the register kernel
+// (same per-lane chunk order and arithmetic), so the choice is performance only. Production picks by
+// the matrix (the H200 sweep's winners, docs/perf.md): kExpertConfigGateUp for gate/up (rows ≤ cols),
+// kExpertConfigDown for down (rows > cols); expert_config() is then −1. KDTREE_CUDA_EXPERT_CONFIG
+// (read once) or set_expert_config(cfg) (tests and the sweep; −1 restores the rule) force one.
+// Shapes a staged config cannot take (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
+constexpr int kExpertConfigGateUp = 16, kExpertConfigDown = 17;  // the lean kernel, 4 warps × 8 rows
 int expert_config_count();
 int expert_config();
 void set_expert_config(int cfg);

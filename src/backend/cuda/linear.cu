@@ -671,7 +671,7 @@ void with_staged(int cfg, F&& f) {
 }
 static_assert(kExpertConfigs == 24, "with_staged lists every staged config");
 
-int g_expert_config = -1;  // -1: not chosen yet (KDTREE_CUDA_EXPERT_CONFIG, else kExpertConfigDefault)
+int g_expert_config = -2;  // -2: not read yet (KDTREE_CUDA_EXPERT_CONFIG); -1: by matrix; else forced
 
 }  // namespace
 
@@ -727,7 +727,8 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
   const unsigned gy = unsigned(b.max_active);
   // One token per expert (decode) needs no M-tile; wider tiles share each weight load across rows.
   const bool single = b.max_rows_per_expert <= 1;
-  const int cfg = expert_config();
+  const int forced = expert_config();
+  const int cfg = forced >= 0 ? forced : b.w.rows > b.w.cols ? kExpertConfigDown : kExpertConfigGateUp;
   if (b.w.int4 && cfg != 0 && expert_config_fits(b)) {
     with_staged(cfg, [&](auto w, auto r, auto mt, auto st, auto mb, auto v) {
       launch_staged<decltype(w)::value, decltype(r)::value, decltype(mt)::value, decltype(st)::value, decltype(mb)::value,
@@ -758,9 +759,9 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
 int expert_config_count() { return kExpertConfigs; }
 
 int expert_config() {
-  if (g_expert_config < 0) {
+  if (g_expert_config < -1) {
     const char* env = std::getenv("KDTREE_CUDA_EXPERT_CONFIG");
-    int v = kExpertConfigDefault;
+    int v = -1;
     if (env != nullptr && *env != '\0') {
       char* end = nullptr;
       const long l = std::strtol(env, &end, 10);
@@ -775,7 +776,7 @@ int expert_config() {
 
 void set_expert_config(int cfg) {
   if (cfg < -1 || cfg >= kExpertConfigs) fail("CUDA expert config ", cfg, " does not exist (0 … ", kExpertConfigs - 1, ")");
-  g_expert_config = cfg < 0 ? kExpertConfigDefault : cfg;
+  g_expert_config = cfg < 0 ? -1 : cfg;
 }
 
 bool expert_config_fits(const ExpertBatch& b) {
