@@ -30,19 +30,16 @@
 #include "model/make_drafter.h"
 #include "spec/dflash_drafter.h"
 #include "test_util.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
 
+using gpu_test::fixture;
+
 namespace fs = std::filesystem;
 
-std::string fixture(const std::string& name) {
-  const char* env = std::getenv("KDTREE_FIXTURES");
-  return std::string(env ? env : KDTREE_FIXTURES) + "/" + name;
-}
 
 double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
   double d = 0, m = 0;

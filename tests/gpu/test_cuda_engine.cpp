@@ -27,19 +27,17 @@
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "model/make_drafter.h"
+#include "engine_sink.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
 
+using gpu_test::fixture;
+
 namespace fs = std::filesystem;
 
-std::string fixture(const std::string& name) {
-  const char* env = std::getenv("KDTREE_FIXTURES");
-  return std::string(env ? env : KDTREE_FIXTURES) + "/" + name;
-}
 
 struct Loaded {
   std::unique_ptr<Checkpoint> ckpt;
@@ -55,52 +53,8 @@ const DeepseekV3& model_of(const std::string& fx) {
   return *l.model;
 }
 
-struct Got {
-  std::vector<int32_t> ids;
-  std::vector<float> logits;
-  std::string finish_reason, error;
-  RequestStats stats;
-  int n_done = 0;
-};
-
-class Sink {
- public:
-  std::function<bool(const EngineEvent&)> callback(size_t k) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (got_.size() <= k) got_.resize(k + 1);
-    }
-    return [this, k](const EngineEvent& ev) {
-      std::lock_guard<std::mutex> lk(mu_);
-      Got& g = got_[k];
-      g.ids.insert(g.ids.end(), ev.ids.begin(), ev.ids.end());
-      g.logits.insert(g.logits.end(), ev.logits.begin(), ev.logits.end());
-      if (ev.done) {
-        ++g.n_done;
-        g.finish_reason = ev.finish_reason;
-        g.error = ev.error;
-        g.stats = ev.stats;
-        ++done_;
-        cv_.notify_all();
-      }
-      return true;
-    };
-  }
-  void wait_done(size_t n) {
-    std::unique_lock<std::mutex> lk(mu_);
-    ASSERT_TRUE(cv_.wait_for(lk, std::chrono::seconds(300), [&] { return done_ >= n; })) << "timed out: " << done_ << "/" << n;
-  }
-  Got get(size_t k) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return got_[k];
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Got> got_;
-  size_t done_ = 0;
-};
+using Got = test::Collected;
+using test::Sink;
 
 struct Case {
   std::vector<int32_t> prompt;

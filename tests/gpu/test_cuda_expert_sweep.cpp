@@ -22,25 +22,16 @@
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
 
+using gpu_test::DevBuf;
+
 using cuda::Epilogue;
 
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes) { cuda::check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void up(const void* h, size_t bytes) { cuda::check(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload"); }
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
 
 // Restores the expert MMA switch and the expert config when the test ends.
 struct ModeScope {
@@ -242,9 +233,6 @@ void sweep(const Mat& m, uint32_t seed) {
   cuda::fill_f32(dx.as<float>(), 33 * m.cols, -1.0f, 1.0f, seed + 2, nullptr);
   std::vector<Routing> trt;
   for (int64_t t : ns) trt.push_back(random_routing(t, K, m.E, rng));
-  cudaEvent_t e0, e1;
-  cuda::check(cudaEventCreate(&e0), "event");
-  cuda::check(cudaEventCreate(&e1), "event");
 
   std::printf("%s %lldx%lld INT4 g32, %lld experts top-8 (plain fp32 err %.3g); us GB/s per n:\n", m.name,
               (long long)m.rows, (long long)m.cols, (long long)m.E, e_plain);
@@ -261,19 +249,7 @@ void sweep(const Mat& m, uint32_t seed) {
       const DevRouting r(trt[t], m.E);
       const cuda::ExpertBatch b = batch(m, dw, ds, r, ns[t]);
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), m.ldy(), m.ep, nullptr); };
-      for (int i = 0; i < 3; ++i) once();
-      std::vector<float> ms;
-      for (int i = 0; i < 21; ++i) {
-        cuda::check(cudaEventRecord(e0, nullptr), "record");
-        once();
-        cuda::check(cudaEventRecord(e1, nullptr), "record");
-        cuda::check(cudaEventSynchronize(e1), "sync");
-        float v = 0;
-        cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
-        ms.push_back(v);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double us = ms[ms.size() / 2] * 1e3, gb = double(r.n_active) * double(m.wbytes() + m.sbytes()) / 1e9;
+      const double us = gpu_test::median_us(once), gb = double(r.n_active) * double(m.wbytes() + m.sbytes()) / 1e9;
       char cell[40];
       std::snprintf(cell, sizeof cell, " %6.1f %5.0f |", us, gb / (us * 1e-6));
       line += cell;
@@ -305,8 +281,6 @@ void sweep(const Mat& m, uint32_t seed) {
     std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", mma ? "" : as_cfg0 ? " =0" : " !=0");
     std::printf("%s%s\n", line.c_str(), tail);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
 }
 
 TEST(CudaExperts, ConfigSweep) {

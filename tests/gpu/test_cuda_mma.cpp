@@ -17,12 +17,13 @@
 #include "backend/cuda/cuda_target.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
+
+using gpu_test::DevBuf;
 
 using cuda::Epilogue;
 
@@ -34,15 +35,6 @@ struct MmaScope {
   ~MmaScope() { cuda::set_mma(before); }
   MmaScope(const MmaScope&) = delete;
   MmaScope& operator=(const MmaScope&) = delete;
-};
-
-struct DevBuf {  // device memory freed on scope exit
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes) { cuda::check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void up(const void* h, size_t bytes) { cuda::check(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload"); }
 };
 
 // A bf16 matrix [rows, cols] on the host and the device; N(0, 1/cols) entries.
@@ -238,9 +230,6 @@ TEST(CudaMma, TimingPrintout) {
     cuda::fill_bf16(static_cast<uint16_t*>(dw.p), sh.rows * sh.cols, 1.0f / std::sqrt(float(sh.cols)), 7, nullptr);
     cuda::fill_f32(static_cast<float*>(dx.p), 64 * sh.cols, -1.0f, 1.0f, 8, nullptr);
     d.w = dw.p;
-    cudaEvent_t e0, e1;
-    cuda::check(cudaEventCreate(&e0), "event");
-    cuda::check(cudaEventCreate(&e1), "event");
     const double gb = double(sh.rows * sh.cols) * 2 / 1e9;
     std::printf("mma timing %lldx%lld bf16 (%.0f MB), median of 21:\n", (long long)sh.rows, (long long)sh.cols, gb * 1e3);
     std::printf("   M | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
@@ -251,25 +240,11 @@ TEST(CudaMma, TimingPrintout) {
         auto once = [&] {
           cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr);
         };
-        for (int i = 0; i < 3; ++i) once();
-        std::vector<float> ms;
-        for (int i = 0; i < 21; ++i) {
-          cuda::check(cudaEventRecord(e0, nullptr), "record");
-          once();
-          cuda::check(cudaEventRecord(e1, nullptr), "record");
-          cuda::check(cudaEventSynchronize(e1), "sync");
-          float v = 0;
-          cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
-          ms.push_back(v);
-        }
-        std::sort(ms.begin(), ms.end());
-        t[p] = ms[ms.size() / 2] * 1e3;  // µs
+        t[p] = gpu_test::median_us(once);  // µs
       }
       std::printf("%4lld | %12.1f %5.0f | %6.1f %5.0f | %.2f\n", (long long)M, t[0], gb / (t[0] * 1e-6), t[1],
                   gb / (t[1] * 1e-6), t[1] / t[0]);
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
   }
 }
 
@@ -284,30 +259,13 @@ struct ConfigScope {
 
 // Median time (µs) of one cuda::linear call over 21 after 3 warm-ups, CUDA events; call i reads
 // weight copy i % copies.size() (copies > 3× L2 together, so every call streams from HBM).
-double median_us(const std::vector<cuda::DevMatrix>& copies, const float* x, int64_t M, float* y) {
-  cudaEvent_t e0, e1;
-  cuda::check(cudaEventCreate(&e0), "event");
-  cuda::check(cudaEventCreate(&e1), "event");
+double median_linear_us(const std::vector<cuda::DevMatrix>& copies, const float* x, int64_t M, float* y) {
   size_t i = 0;
   auto once = [&] {
     const cuda::DevMatrix& d = copies[i++ % copies.size()];
     cuda::linear(d, x, d.cols, M, y, d.rows, Epilogue::store, nullptr);
   };
-  for (int r = 0; r < 3; ++r) once();
-  std::vector<float> ms;
-  for (int r = 0; r < 21; ++r) {
-    cuda::check(cudaEventRecord(e0, nullptr), "record");
-    once();
-    cuda::check(cudaEventRecord(e1, nullptr), "record");
-    cuda::check(cudaEventSynchronize(e1), "sync");
-    float v = 0;
-    cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
-    ms.push_back(v);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3;
+  return gpu_test::median_us(once);
 }
 
 // Configurations whose outputs must equal another configuration's bit for bit (mma.cu: the "xs"
@@ -425,7 +383,7 @@ TEST(CudaMma, ConfigSweep) {
       ConfigScope cs(c >= 0 ? c : cuda::mma_config());
       std::printf("  %2d %-8s", c, c >= 0 ? cuda::mma_config_name(c) : "core");
       for (int64_t M : Ms) {
-        const double us = median_us(copies, static_cast<const float*>(dx.p), M, static_cast<float*>(dy.p));
+        const double us = median_linear_us(copies, static_cast<const float*>(dx.p), M, static_cast<float*>(dy.p));
         std::printf(" %6.1f/%4.0f", us, gb / (us * 1e-6));
       }
       std::printf("\n");

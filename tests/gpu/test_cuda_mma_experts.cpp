@@ -15,12 +15,13 @@
 #include "backend/cuda/cuda_target.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
+
+using gpu_test::DevBuf;
 
 using cuda::Epilogue;
 
@@ -32,16 +33,6 @@ struct ExpertMmaScope {  // switches the expert MMA path for one scope, restores
   ExpertMmaScope& operator=(const ExpertMmaScope&) = delete;
 };
 
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes) { cuda::check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void up(const void* h, size_t bytes) { cuda::check(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload"); }
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
 
 // E INT4 g32 experts [rows, cols] back to back (words: 8 LSB-first nibbles; bf16 scale per 32).
 struct Experts {
@@ -245,9 +236,6 @@ TEST(CudaMmaExperts, TimingPrintout) {
   std::mt19937 rng(14);
   std::printf("mma experts timing: gate/up 4096x7168 INT4 g32, 384 experts, top-8, median of 21:\n");
   std::printf("   n | experts | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
-  cudaEvent_t e0, e1;
-  cuda::check(cudaEventCreate(&e0), "event");
-  cuda::check(cudaEventCreate(&e1), "event");
   for (int64_t n : {1, 2, 4, 8, 17, 33}) {
     std::vector<std::vector<int32_t>> choice;
     for (int64_t i = 0; i < n; ++i) {
@@ -302,25 +290,11 @@ TEST(CudaMmaExperts, TimingPrintout) {
     for (int p = 0; p < 2; ++p) {
       ExpertMmaScope mode(p == 1);
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), cols, dy.as<float>(), rows / 2, Epilogue::swiglu, nullptr); };
-      for (int i = 0; i < 3; ++i) once();
-      std::vector<float> ms;
-      for (int i = 0; i < 21; ++i) {
-        cuda::check(cudaEventRecord(e0, nullptr), "record");
-        once();
-        cuda::check(cudaEventRecord(e1, nullptr), "record");
-        cuda::check(cudaEventSynchronize(e1), "sync");
-        float v = 0;
-        cuda::check(cudaEventElapsedTime(&v, e0, e1), "elapsed");
-        ms.push_back(v);
-      }
-      std::sort(ms.begin(), ms.end());
-      t[p] = ms[ms.size() / 2] * 1e3;
+      t[p] = gpu_test::median_us(once);  // µs
     }
     std::printf("%4lld | %7d | %12.1f %5.0f | %6.1f %5.0f | %.2f\n", (long long)n, n_active, t[0], gb / (t[0] * 1e-6), t[1],
                 gb / (t[1] * 1e-6), t[1] / t[0]);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
 }
 
 }  // namespace

@@ -19,21 +19,16 @@
 #include "spec/ar.h"
 #include "sample/sampler.h"
 #include "spec/drafter.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
 
+using gpu_test::fixture;
+
 const char* kFixtures[] = {"k2-bf16", "dsv3-group", "k2-int4", "k25-sharded"};
 
-// KDTREE_FIXTURES in the environment overrides the build's path (binaries built on one machine
-// and run on a GPU machine: scripts/gpu-check).
-std::string fixture(const std::string& name) {
-  const char* env = std::getenv("KDTREE_FIXTURES");
-  return std::string(env ? env : KDTREE_FIXTURES) + "/" + name;
-}
 
 std::vector<int32_t> prompt_for(const ModelConfig& c, int64_t n) {
   std::vector<int32_t> p(static_cast<size_t>(n));

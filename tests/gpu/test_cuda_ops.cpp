@@ -17,9 +17,8 @@
 #include "core/dtype.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {

@@ -33,21 +33,18 @@
 #include "spec/dflash_drafter.h"
 #include "spec/drafter.h"
 #include "spec/tree.h"
+#include "gpu_test_util.h"
 
-#define REQUIRE_GPU() \
-  if (!kd::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU here (" << kd::cuda_device_name() << "): GPU test skipped"
 
 namespace kd {
 namespace {
+
+using gpu_test::fixture;
 
 namespace fs = std::filesystem;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::string fixture(const std::string& name) {
-  const char* env = std::getenv("KDTREE_FIXTURES");
-  return std::string(env ? env : KDTREE_FIXTURES) + "/" + name;
-}
 
 // The device result for host logits [rows, vocab] (uploaded), or the error text.
 struct Outcome {
