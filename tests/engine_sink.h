@@ -74,4 +74,19 @@ class Sink {
   size_t done_ = 0;
 };
 
+// A request's prompt and generation settings (the engine tests' cases).
+struct Case {
+  std::vector<int32_t> prompt;
+  GenerateOptions gen;
+};
+
+// Submits case `c` with the sink's callback for slot k; returns the engine's request id.
+inline uint64_t submit_case(Engine& eng, Sink& sink, size_t k, const Case& c) {
+  EngineRequest r;
+  r.prompt = c.prompt;
+  r.gen = c.gen;
+  r.on_event = sink.callback(k);
+  return eng.submit(std::move(r));
+}
+
 }  // namespace kd::test

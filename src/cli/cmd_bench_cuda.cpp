@@ -13,6 +13,7 @@
 #include "model/make_model.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "backend/cuda/cuda_target.h"
+#include "cli/bench_cuda.h"
 #include "io/checkpoint.h"
 #endif
 
@@ -40,25 +41,31 @@ ModelConfig k2_slice_config() {
 
 }  // namespace
 
-int cmd_bench_cuda(const BenchOptions& o) {
+BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const char* what) {
   if (!o.preset.empty() && !o.model.empty()) fail("give -m DIR or --preset, not both");
   if (!o.preset.empty() && o.preset != "k2-slice") fail("--preset ", o.preset, ": unknown (the GPU benchmark preset is k2-slice)");
-  if (o.preset.empty() && o.model.empty()) fail("bench --device cuda needs -m DIR or --preset k2-slice");
+  if (o.preset.empty() && o.model.empty()) fail(what, " needs -m DIR or --preset k2-slice");
   if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
-  const std::vector<int64_t> nodes = {1, 2, 4, 8, 16, 32, 64};
-  const int64_t cap = o.n_prompt + std::max<int64_t>(o.n_gen, nodes.back() + 1) + 2;
-  std::unique_ptr<CudaTarget> t;
-  std::string label;
+  BenchTarget b;
   if (!o.preset.empty()) {
     log_info("making k2-slice's random weights on the GPU …");
-    t = std::make_unique<CudaTarget>(k2_slice_config(), cap, 1234, true);
-    label = "k2-slice (random, INT4 g32 experts)";
+    b.target = std::make_unique<CudaTarget>(k2_slice_config(), max_tokens, 1234, true);
+    b.label = "k2-slice (random, INT4 g32 experts)";
   } else {
     Checkpoint ck(o.model);
     DeepseekV3 model(ck);
-    t = std::make_unique<CudaTarget>(model, cap);
-    label = o.model;
+    b.target = std::make_unique<CudaTarget>(model, max_tokens);  // the weights are on the device now
+    b.label = o.model;
   }
+  return b;
+}
+
+int cmd_bench_cuda(const BenchOptions& o) {
+  const std::vector<int64_t> nodes = {1, 2, 4, 8, 16, 32, 64};
+  const int64_t cap = o.n_prompt + std::max<int64_t>(o.n_gen, nodes.back() + 1) + 2;
+  BenchTarget bt = load_bench_target(o, cap, "bench --device cuda");
+  std::unique_ptr<CudaTarget> t = std::move(bt.target);
+  const std::string label = bt.label;
   const ModelConfig& c = t->config();
   log_info("measuring the device's streaming read bandwidth …");
   const double bw = CudaTarget::measure_read_gbps();

@@ -16,12 +16,11 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "model/make_model.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "backend/cuda/cuda_engine_target.h"
 #include "backend/cuda/cuda_target.h"
+#include "cli/bench_cuda.h"
 #include "engine/engine.h"
-#include "io/checkpoint.h"
 #endif
 
 namespace kd::cli {
@@ -86,26 +85,10 @@ std::vector<Timing> run_level(Engine& eng, const std::vector<std::vector<int32_t
 }  // namespace
 
 int cmd_bench_serve_cuda(const BenchOptions& o) {
-  if (!o.preset.empty() && !o.model.empty()) fail("give -m DIR or --preset, not both");
-  if (!o.preset.empty() && o.preset != "k2-slice") fail("--preset ", o.preset, ": unknown (the GPU benchmark preset is k2-slice)");
-  if (o.preset.empty() && o.model.empty()) fail("bench --device cuda --serve needs -m DIR or --preset k2-slice");
-  if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
-  std::unique_ptr<CudaTarget> t;
-  std::unique_ptr<Checkpoint> ck;
-  std::unique_ptr<DeepseekV3> model;
-  std::string label;
-  if (!o.preset.empty()) {
-    log_info("making k2-slice's random weights on the GPU …");
-    nlohmann::json j = nlohmann::json::parse(preset_config_json("k2"));
-    j["num_hidden_layers"] = 12;
-    t = std::make_unique<CudaTarget>(parse_model_config(j.dump(), "preset k2-slice"), 1, 1234, true);
-    label = "k2-slice (random, INT4 g32 experts)";
-  } else {
-    ck = std::make_unique<Checkpoint>(o.model);
-    model = std::make_unique<DeepseekV3>(*ck);
-    t = std::make_unique<CudaTarget>(*model, 1);
-    label = o.model;
-  }
+  // A one-row cache to start with: each level's engine replaces it by its paged pool.
+  BenchTarget bt = load_bench_target(o, 1, "bench --device cuda --serve");
+  std::unique_ptr<CudaTarget> t = std::move(bt.target);
+  const std::string label = bt.label;
   const ModelConfig& c = t->config();
   std::unique_ptr<EngineTarget> et = cuda_engine_target(*t);
   uint64_t salt = 1;

@@ -54,12 +54,9 @@ const DeepseekV3& model_of(const std::string& fx) {
 }
 
 using Got = test::Collected;
+using test::Case;
 using test::Sink;
-
-struct Case {
-  std::vector<int32_t> prompt;
-  GenerateOptions gen;
-};
+using test::submit_case;
 
 std::vector<int32_t> prompt_of(const ModelConfig& c, int64_t n, int k) {
   std::vector<int32_t> p(static_cast<size_t>(n));
@@ -114,11 +111,7 @@ std::vector<Got> run_engine(const DeepseekV3& m, const EngineOptions& opt, const
     size_t k = 0;
     for (int r = 0; r < rounds; ++r) {  // later rounds repeat the prompts: prefix-cache hits
       for (const Case& c : cases) {
-        EngineRequest q;
-        q.prompt = c.prompt;
-        q.gen = c.gen;
-        q.on_event = sink.callback(k++);
-        eng.submit(std::move(q));
+        submit_case(eng, sink, k++, c);
       }
       sink.wait_done(k);
     }
@@ -189,22 +182,14 @@ TEST(CudaEngine, NextTurnReusesTheAnswerBitwise) {
   opt.kv_block = 4;
   Engine eng(*t, opt);
   Sink sink;
-  EngineRequest r1;
-  r1.prompt = t1.prompt;
-  r1.gen = t1.gen;
-  r1.on_event = sink.callback(0);
-  eng.submit(std::move(r1));
+  submit_case(eng, sink, 0, t1);
   sink.wait_done(1);
   Case t2 = t1;
   const std::vector<int32_t> answer = sink.get(0).ids;
   t2.prompt.insert(t2.prompt.end(), answer.begin(), answer.end());
   t2.prompt.push_back(3);
   t2.prompt.push_back(5);
-  EngineRequest r2;
-  r2.prompt = t2.prompt;
-  r2.gen = t2.gen;
-  r2.on_event = sink.callback(1);
-  eng.submit(std::move(r2));
+  submit_case(eng, sink, 1, t2);
   sink.wait_done(2);
   const std::vector<GenerateResult> ref = reference(m, {t1, t2});
   expect_equal(sink.get(0), ref[0], "turn 1");
@@ -239,11 +224,7 @@ TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
     {
       Engine eng(*t, opt);
       for (size_t k = 0; k < cases.size(); ++k) {
-        EngineRequest q;
-        q.prompt = cases[k].prompt;
-        q.gen = cases[k].gen;
-        q.on_event = sink.callback(k);
-        eng.submit(std::move(q));
+        submit_case(eng, sink, k, cases[k]);
       }
       sink.wait_done(cases.size());
       mt = eng.metrics();

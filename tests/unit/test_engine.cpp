@@ -38,12 +38,9 @@ std::vector<int32_t> make_prompt(const ModelConfig& c, int64_t n, int salt) {
 }
 
 using test::Collected;
+using test::Case;
 using test::Sink;
-
-struct Case {
-  std::vector<int32_t> prompt;
-  GenerateOptions gen;
-};
+using test::submit_case;
 
 std::vector<Case> make_cases(const ModelConfig& c, int n) {
   std::vector<Case> cs;
@@ -80,11 +77,7 @@ void run_and_check(const DeepseekV3& m, const EngineOptions& opt, const std::vec
   {
     Engine eng(m, opt);
     for (size_t k = 0; k < cases.size(); ++k) {
-      EngineRequest r;
-      r.prompt = cases[k].prompt;
-      r.gen = cases[k].gen;
-      r.on_event = sink.callback(k);
-      eng.submit(std::move(r));
+      submit_case(eng, sink, k, cases[k]);
     }
     sink.wait_done(cases.size());
     const EngineMetrics mt = eng.metrics();
@@ -184,11 +177,7 @@ TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutputs) {
     cases[k].gen.keep_logits = true;
     cases[k].gen.sampling.temperature = 0.9f;
     cases[k].gen.sampling.seed = 5;
-    EngineRequest r;
-    r.prompt = cases[k].prompt;
-    r.gen = cases[k].gen;
-    r.on_event = sink.callback(k);
-    eng.submit(std::move(r));
+    submit_case(eng, sink, k, cases[k]);
     sink.wait_done(k + 1);  // one after the other, so each sees the blocks of the ones before
     EXPECT_EQ(sink.get(k).stats.n_cached, want_cached[k]) << "request " << k;
   }
@@ -220,11 +209,7 @@ TEST(Engine, NextTurnReusesTheAnswerWhenDecodeRowsMatchPrefill) {
     t1.gen.ignore_eos = true;
     t1.gen.keep_logits = true;
     t1.gen.decode_form = form;
-    EngineRequest r1;
-    r1.prompt = t1.prompt;
-    r1.gen = t1.gen;
-    r1.on_event = sink.callback(0);
-    eng.submit(std::move(r1));
+    submit_case(eng, sink, 0, t1);
     sink.wait_done(1);
     expect_equal_to_ar(m, t1, sink.get(0), "turn 1");
     Case t2 = t1;
@@ -232,11 +217,7 @@ TEST(Engine, NextTurnReusesTheAnswerWhenDecodeRowsMatchPrefill) {
     t2.prompt.insert(t2.prompt.end(), answer.begin(), answer.end());  // 13 + 16 = 29 tokens
     t2.prompt.push_back(3);
     t2.prompt.push_back(5);  // 31 tokens: 7 full blocks before the last token
-    EngineRequest r2;
-    r2.prompt = t2.prompt;
-    r2.gen = t2.gen;
-    r2.on_event = sink.callback(1);
-    eng.submit(std::move(r2));
+    submit_case(eng, sink, 1, t2);
     sink.wait_done(2);
     expect_equal_to_ar(m, t2, sink.get(1), "turn 2");
     // Rows with latents after turn 1: 13 + 16 − 1 = 28 (the last answer token never ran) → 7 blocks.
@@ -266,11 +247,7 @@ TEST(Engine, PrefixCacheEvictsUnderPressureAndStaysCorrect) {
     cs.gen.ignore_eos = true;
     cs.gen.keep_logits = true;
     cases.push_back(cs);
-    EngineRequest r;
-    r.prompt = cs.prompt;
-    r.gen = cs.gen;
-    r.on_event = sink.callback(size_t(k));
-    eng.submit(std::move(r));
+    submit_case(eng, sink, size_t(k), cs);
   }
   sink.wait_done(cases.size());
   for (size_t k = 0; k < cases.size(); ++k) expect_equal_to_ar(m, cases[k], sink.get(k), cat("request ", k));
@@ -566,11 +543,7 @@ TEST(Engine, SpeculativeBatchEqualsGenerateAR) {
     {
       Engine eng(m, opt);
       for (size_t k = 0; k < cases.size(); ++k) {
-        EngineRequest r;
-        r.prompt = cases[k].prompt;
-        r.gen = cases[k].gen;
-        r.on_event = sink.callback(k);
-        eng.submit(std::move(r));
+        submit_case(eng, sink, k, cases[k]);
       }
       sink.wait_done(cases.size());
       const EngineMetrics mt = eng.metrics();
@@ -607,11 +580,7 @@ TEST(Engine, SpeculativeAfterPrefixHitEqualsGenerateAR) {
   Engine eng(m, opt);
   Sink sink;
   for (size_t k = 0; k < 2; ++k) {
-    EngineRequest r;
-    r.prompt = cs.prompt;
-    r.gen = cs.gen;
-    r.on_event = sink.callback(k);
-    eng.submit(std::move(r));
+    submit_case(eng, sink, k, cs);
     sink.wait_done(k + 1);
     expect_equal_to_ar(m, cs, sink.get(k), cat("request ", k));
     const RequestStats st = sink.get(k).stats;
@@ -656,11 +625,7 @@ TEST(Engine, DFlashDrafterRoundsEqualGenerateDDTree) {
     {
       Engine eng(m, opt);
       for (size_t k = 0; k < cases.size(); ++k) {
-        EngineRequest r;
-        r.prompt = cases[k].prompt;
-        r.gen = cases[k].gen;
-        r.on_event = sink.callback(k);
-        eng.submit(std::move(r));
+        submit_case(eng, sink, k, cases[k]);
       }
       sink.wait_done(cases.size());
     }

@@ -341,10 +341,9 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, boo
   const std::vector<int32_t> tap_list = tap_layers ? *tap_layers : std::vector<int32_t>{};
   const int64_t bound = std::min(cap, cuda::mla_max_keys(cfg.kv_lora_rank, cfg.qk_rope_head_dim));
   constexpr size_t kMaxGraphs = 64;  // distinct shapes kept (tree sizes ≤ the budget + 1, plus decode)
-  if (graph_gen != buf_gen || graph_in != in) {
+  if (graph_gen != buf_gen) {  // a work buffer (or `in`) moved since the graphs were captured
     drop_graphs();
     graph_gen = buf_gen;
-    graph_in = in;
     graph_keys = bound;
   }
   Graph* hit = nullptr;

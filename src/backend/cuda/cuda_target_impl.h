@@ -89,7 +89,6 @@ struct CudaTarget::Impl {
   };
   bool graphs = true;
   std::vector<Graph> graph_cache;
-  const int32_t* graph_in = nullptr;
   uint64_t buf_gen = 0, graph_gen = 0;  // bumped when a work buffer moves / the one graphs were captured at
   int64_t graph_keys = 0;
 
