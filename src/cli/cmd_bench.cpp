@@ -37,6 +37,11 @@ void add_bench(CLI::App& app, BenchOptions& o) {
       ->check(CLI::Range(1, 1024));
   c->add_flag("--verify-curve", o.verify_curve,
               "Also time one DDTree verify forward over N tree nodes, N = 1, 2, 4 … 64, after the prompt: cost(N)/cost(1)");
+  c->add_option("--verify-sizes", o.verify_sizes,
+                "Tree nodes N of the verify curve (default 1,2,4,8,16,32,64; the first is the cost ratio's base; "
+                "on the CPU with --verify-curve)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
 }
 
 namespace {
@@ -71,11 +76,17 @@ double measure_read_bandwidth() {
 
 }  // namespace
 
+std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o) {
+  return o.verify_sizes.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64} : o.verify_sizes;
+}
+
 int cmd_bench(const BenchOptions& o) {
   if (!o.serve.empty() && o.device != "cuda") fail("--serve: the engine load test runs with --device cuda (the CPU's is bench/serve_load.py)");
+  if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
+  if (!o.verify_sizes.empty() && !o.verify_curve) fail("--verify-sizes: add --verify-curve (on the CPU the verify curve is opt-in)");
   if (o.model.empty()) fail("bench needs -m DIR (or --device cuda --preset k2-slice)");
   Checkpoint ckpt(o.model);
   DeepseekV3 model(ckpt);
@@ -112,7 +123,7 @@ int cmd_bench(const BenchOptions& o) {
   // siblings filling the rest), uncommitted, absorbed MLA with the ancestor mask — what a round pays.
   std::vector<std::pair<int64_t, double>> curve;
   if (o.verify_curve) {
-    for (int64_t N : {1, 2, 4, 8, 16, 32, 64}) {
+    for (int64_t N : verify_sizes_or_default(o)) {
       const int64_t n = N + 1;
       std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n)), parent(static_cast<size_t>(n), -1);
       std::vector<int32_t> depth(static_cast<size_t>(n), 0);

@@ -41,7 +41,9 @@ struct BenchOptions {
   int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
   bool json = false, verify_curve = false;
   std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (--device cuda)
+  std::vector<int64_t> verify_sizes;  // --verify-sizes: tree nodes N of the verify curve (empty: verify_sizes_or_default)
 };
+std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o);  // 1, 2, 4 … 64 unless given
 void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);
 int cmd_bench_cuda(const BenchOptions& o);  // cmd_bench_cuda.cpp (CUDA builds)

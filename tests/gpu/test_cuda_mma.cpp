@@ -352,12 +352,11 @@ TEST(CudaMma, ConfigSweep) {
     int64_t rows, cols;
   };
   const int64_t Ms[] = {1, 2, 4, 8, 17, 33, 64};
-  // Timed: the CUDA-core path, earlier sweeps' contenders and every xs configuration (the sweep's
-  // wall time stays well under a minute); parity and invariance above cover all of them.
-  auto timed = [](int c) {
-    return c < 0 || c == 0 || c == 2 || c == 8 || c == 10 || c == 14 || std::strncmp(cuda::mma_config_name(c), "xs", 2) == 0;
-  };
-  for (const Shape sh : {Shape{16384, 7168}, Shape{7168, 8192}, Shape{1536, 7168}, Shape{2048, 7168}}) {
+  // Timed: the CUDA-core path and every configuration (the sweep's wall time stays around a
+  // minute), at each K2 shape the forward runs through linear(): lm_head-like, o_proj, q_a,
+  // 2048-row, shared expert gate+up (4096×7168), q_b (12288×1536), shared expert down (7168×2048).
+  for (const Shape sh : {Shape{16384, 7168}, Shape{7168, 8192}, Shape{1536, 7168}, Shape{2048, 7168}, Shape{4096, 7168},
+                         Shape{12288, 1536}, Shape{7168, 2048}}) {
     const size_t bytes = size_t(sh.rows * sh.cols) * 2;
     const size_t n_copies = std::max<size_t>(1, (3 * size_t(prop.l2CacheSize) + bytes - 1) / bytes);
     std::vector<std::unique_ptr<DevBuf>> bufs;
@@ -378,7 +377,6 @@ TEST(CudaMma, ConfigSweep) {
     std::printf("%lldx%lld bf16 %.0f MB x%zu copies | us/GBps at M = 1 2 4 8 17 33 64\n", (long long)sh.rows,
                 (long long)sh.cols, gb * 1e3, n_copies);
     for (int c = -1; c < n_cfg; ++c) {
-      if (!timed(c)) continue;
       MmaScope mode(c >= 0);
       ConfigScope cs(c >= 0 ? c : cuda::mma_config());
       std::printf("  %2d %-8s", c, c >= 0 ? cuda::mma_config_name(c) : "core");

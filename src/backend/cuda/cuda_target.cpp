@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include <nvtx3/nvToolsExt.h>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -691,16 +694,26 @@ std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t ste
 }
 
 double CudaTarget::timed_verify_ms(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
-                                   const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct) {
+                                   const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct, bool graph) {
   Impl& m = *impl_;
   const int64_t n = int64_t(ids.size());
   if (int64_t(positions.size()) != n || int64_t(visibility.size()) != n * n) fail("verify benchmark: inconsistent tree arrays");
   const int64_t start = m.upload_inputs(ids.data(), n, positions.data(), visibility.data(), true, true);
   check(cudaStreamSynchronize(m.stream), "upload");
+  // graph: the path a DDTree round takes (forward_impl → run_graphed, one graph per tree size): the
+  // shape's first forward launches, its second is captured; both happen here, untimed.
+  if (graph)
+    for (int warm = 0; warm < 2; ++warm) m.run_graphed(n, start + n, true, true, nullptr, nullptr);
+  const std::string range = "verify " + std::to_string(n - 1) + (graph ? " graph" : " launches");
+  nvtxRangePushA(range.c_str());  // `ncu --nvtx --nvtx-include "verify 16 graph/"` profiles one shape
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, 1, start + n, n, nullptr, nullptr);
+  if (graph)
+    m.run_graphed(n, start + n, true, true, nullptr, nullptr);
+  else
+    m.run(n, 1, start + n, n, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
+  nvtxRangePop();
   if (distinct) {
     std::vector<int32_t> all(static_cast<size_t>(m.cfg.num_hidden_layers));
     check(cudaMemcpy(all.data(), m.active_log, all.size() * 4, cudaMemcpyDeviceToHost), "download counts");

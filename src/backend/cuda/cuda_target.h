@@ -76,8 +76,10 @@ class CudaTarget {
   std::vector<double> timed_decode_ms(int32_t first_token, int64_t steps, bool graph);
   // One uncommitted verify forward over a tree (ids, positions, visibility as ForwardArgs), all
   // logits on the device; milliseconds. distinct_experts (optional): per MoE layer, experts touched.
+  // graph: replayed as the DDTree round replays it (one captured graph per tree size); else launched
+  // kernel by kernel. Inside an NVTX range "verify N graph|launches" (N = nodes, root excluded).
   double timed_verify_ms(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
-                         const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct_experts);
+                         const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct_experts, bool graph);
 
   // Bytes a forward over these rows must read at least: every weight it touches once (experts: the
   // distinct ones given per MoE layer; null → top-k for one row), the KV cache rows it attends to.

@@ -625,6 +625,11 @@ constexpr StagedConfig kStaged[] = {
     {2, 8, 2, 2, 6, 1},   // 21: pairs in 16-row blocks, 6 blocks (smem 34 KB, ≤ 170 regs) → 12 warps/SM
     {2, 16, 2, 2, 4, 1},  // 22: pairs × 16 rows a warp: both amortisations
     {8, 8, 1, 2, 2, 1},   // 23: 16's warps in 64-row blocks (smem 82 KB, 2 blocks, 16 warps/SM): half the x copies
+    // Lean, 3 stages: a down matrix (K = 2048) is 2 column steps a block, so with 2 stages a block
+    // waits for its first step uncovered; with 3 both steps are in flight from the start.
+    {4, 8, 1, 3, 3, 1},   // 24: config 16 with 3 stages (smem 66 KB → 3 blocks)
+    {4, 4, 1, 3, 5, 1},   // 25: 16-row blocks, 3 stages (smem 40 KB → 5 blocks, ≤ 102 regs)
+    {2, 8, 1, 3, 5, 1},   // 26: 16-row blocks of 2 warps, 3 stages (smem 40 KB → 5 blocks)
 };
 constexpr int kExpertConfigs = 1 + int(sizeof(kStaged) / sizeof(kStaged[0]));
 
@@ -663,13 +668,13 @@ void with_staged(int cfg, F&& f) {
     KD_STAGED(1) KD_STAGED(2) KD_STAGED(3) KD_STAGED(4) KD_STAGED(5) KD_STAGED(6) KD_STAGED(7)
     KD_STAGED(8) KD_STAGED(9) KD_STAGED(10) KD_STAGED(11) KD_STAGED(12) KD_STAGED(13) KD_STAGED(14)
     KD_STAGED(15) KD_STAGED(16) KD_STAGED(17) KD_STAGED(18) KD_STAGED(19) KD_STAGED(20) KD_STAGED(21)
-    KD_STAGED(22) KD_STAGED(23)
+    KD_STAGED(22) KD_STAGED(23) KD_STAGED(24) KD_STAGED(25) KD_STAGED(26)
     default:
       fail("CUDA expert config ", cfg, " does not exist (0 … ", kExpertConfigs - 1, ")");
   }
 #undef KD_STAGED
 }
-static_assert(kExpertConfigs == 24, "with_staged lists every staged config");
+static_assert(kExpertConfigs == 27, "with_staged lists every staged config");
 
 int g_expert_config = -2;  // -2: not read yet (KDTREE_CUDA_EXPERT_CONFIG); -1: by matrix; else forced
 

@@ -567,11 +567,13 @@ constexpr int kConfigCount = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
 // The production configuration, by the matrix's shape alone (so a matrix's rows stay invariant to
 // M): the sweep's winners (CudaMma.ConfigSweep on the H200, docs/perf.md) — "rt2-kcl2" for
-// matrices of ≥ 4096 rows (lm_head, o_proj, dense, shared experts, q_b: within 3–25 % of the
-// CUDA-core GEMV at M = 1, 1.2–2.9× faster at M = 17), "ks8" below (q_a). KDTREE_CUDA_MMA_CONFIG
-// (read once) or set_mma_config forces one configuration for every shape — sweeps and benchmarks.
+// matrices of ≥ 6144 rows (lm_head, o_proj, dense, shared expert down, q_b: within 3–25 % of the
+// CUDA-core GEMV at M = 1, 1.2–2.9× faster at M = 17), "ks8" below (q_a, and the shared expert's
+// 4096-row gate+up: rt2-kcl2's 32-row blocks are only 128 there, fewer than the SMs, and ks8 ran it
+// in 26 vs 37 µs at M = 1 and 44 vs 53 µs at M = 17). KDTREE_CUDA_MMA_CONFIG (read once) or
+// set_mma_config forces one configuration for every shape — sweeps and benchmarks.
 constexpr int kTallConfig = 14, kShortConfig = 8;
-constexpr int64_t kTallRows = 4096;
+constexpr int64_t kTallRows = 6144;
 std::atomic<int> g_mma_config{-2};  // -2: the environment; -1: by shape; else forced
 
 int config_from_env() {

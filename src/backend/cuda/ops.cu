@@ -196,14 +196,24 @@ __device__ int block_exclusive_scan(int v, int* sh, int* total) {
 }
 
 // One block, a thread per expert (E ≤ 1024): counts, two block scans (slots, active experts), then
-// each active expert writes its entries in ascending row order.
+// each active expert writes its entries in ascending row order. The choices are read through
+// shared memory a chunk at a time (every thread scans all of them; from global memory that was
+// nK dependent L1 round trips a thread).
 __global__ void __launch_bounds__(1024) dispatch_kernel(const int32_t* chosen, int nK, int K, int E, Dispatch d,
                                                         int32_t* active_log) {
+  constexpr int kChunk = 4096;
   __shared__ int sh[32];
+  __shared__ int16_t ch[kChunk];  // expert ids (E ≤ 1024)
   const int e = threadIdx.x;
   int c = 0;
-  if (e < E)
-    for (int j = 0; j < nK; ++j) c += chosen[j] == e;
+  for (int j0 = 0; j0 < nK; j0 += kChunk) {
+    const int m = min(kChunk, nK - j0);
+    __syncthreads();
+    for (int j = e; j < m; j += blockDim.x) ch[j] = int16_t(chosen[j0 + j]);
+    __syncthreads();
+    if (e < E)
+      for (int j = 0; j < m; ++j) c += ch[j] == e;
+  }
   int total = 0, n_act = 0;
   const int off = block_exclusive_scan(c, sh, &total);
   const int a = block_exclusive_scan(c > 0 ? 1 : 0, sh, &n_act);
@@ -211,17 +221,25 @@ __global__ void __launch_bounds__(1024) dispatch_kernel(const int32_t* chosen, i
     *d.n_active = n_act;
     if (active_log) *active_log = n_act;
   }
-  if (c == 0) return;
-  d.act_expert[a] = e;
-  d.act_off[a] = off;
-  d.act_cnt[a] = c;
+  if (c > 0 && e < E) {
+    d.act_expert[a] = e;
+    d.act_off[a] = off;
+    d.act_cnt[a] = c;
+  }
   int p = off;
-  for (int j = 0; j < nK; ++j)
-    if (chosen[j] == e) {
-      d.entry_token[p] = j / K;
-      d.entry_slot[p] = j;
-      ++p;
-    }
+  for (int j0 = 0; j0 < nK; j0 += kChunk) {  // every thread takes part in the chunk loads
+    const int m = min(kChunk, nK - j0);
+    __syncthreads();
+    for (int j = e; j < m; j += blockDim.x) ch[j] = int16_t(chosen[j0 + j]);
+    __syncthreads();
+    if (c > 0 && e < E)
+      for (int j = 0; j < m; ++j)
+        if (ch[j] == e) {
+          d.entry_token[p] = (j0 + j) / K;
+          d.entry_slot[p] = j0 + j;
+          ++p;
+        }
+  }
 }
 
 __global__ void combine_kernel(float* x, const float* y, const float* w, const float* shared, int64_t n, int64_t K, int64_t hid) {
