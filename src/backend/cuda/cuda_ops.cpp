@@ -66,6 +66,7 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   lists.insert(lists.end(), vis_rows.begin(), vis_rows.end());
   Buf dl(lists.data(), lists.size() * 4), dout(size_t(s.n * s.H * s.dv) * 4);
   Buf dql(size_t(s.n * s.H * s.Lr) * 4), dol(size_t(s.n * s.H * s.Lr) * 4);
+  Buf dpart(size_t(cuda::mla_part_floats(s.n, s.H, s.Lr)) * 4);
   const int32_t* L = dl.as<int32_t>();
   cuda::MlaParams p;
   p.q = dq.as<float>();
@@ -76,6 +77,7 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.out = dout.as<float>();
   p.qlat = dql.as<float>();
   p.olat = dol.as<float>();
+  p.part = dpart.as<float>();
   p.n = s.n;
   p.max_keys = s.start + s.n;
   p.H = s.H;

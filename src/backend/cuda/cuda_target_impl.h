@@ -53,7 +53,7 @@ struct CudaTarget::Impl {
   // Work buffers for up to rows_cap rows (logits for logits_cap rows; `in` holds in_cap ints).
   int64_t rows_cap = 0, taps_cap = 0, logits_cap = 0, in_cap = 0;
   float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
-  float *qlat = nullptr, *olat = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
+  float *qlat = nullptr, *olat = nullptr, *part = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
   float* xg = nullptr;  // [rows, hidden]: the rows whose logits are asked for, gathered
   // A forward's inputs, one upload: ids | positions | KeyLists (cnt | start | tab | wrow | base |
   // voff) | logit rows, n each, then the block tables (nt) and the visible lists (Staged::pack).

@@ -138,12 +138,18 @@ struct MlaParams {
   KeyLists keys;
   float* out = nullptr;               // [n, H × dv]
   float* qlat = nullptr, *olat = nullptr;  // work: [n, H, Lr] each
+  float* part = nullptr;              // work: mla_part_floats(n, H, Lr) (key lists longer than one chunk)
   int64_t max_keys = 0;               // bound on every row's key count (sizes the shared score buffer)
   int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
 };
 void mla_attention(const MlaParams& p, cudaStream_t s);
-int64_t mla_max_keys(int64_t Lr, int64_t dr);  // longest key list the shared-memory score buffer holds
+int64_t mla_max_keys(int64_t Lr, int64_t dr);  // longest key list the attention kernels take
+int64_t mla_part_floats(int64_t n, int64_t H, int64_t Lr);  // MlaParams::part's size for n rows
+// Heads a block of the MLA core kernel serves: 0 (default) picks by the batch; 1, 2 or 4 forces it
+// where the head count and shared memory allow (tests, sweeps; env KDTREE_CUDA_MLA_HEADS). Speed
+// only: a head's bits never depend on it.
+void set_mla_heads(int heads_per_block);
 // (kv_b must be bf16; qk_nope_head_dim ≤ 512)
 
 // MoE router of n rows (SPEC-MODEL.md §2): sigmoid scores, selection on score + bias with group
