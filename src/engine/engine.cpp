@@ -243,17 +243,9 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     const int64_t start = s.n_kv;
     const int64_t L = std::min({draft_block - 1, s.lim.ctx - 1 - start, s.lim.n_max - s.n_out});
     if (L < 1) fail("internal: no draft position left at ", start);
-    // A drafter on the GPU hands back only the tree builder's top-k (the same tree, bit for bit);
-    // others bring their logits to the host.
-    const int64_t k = opt.spec.chain ? 1 : std::min<int64_t>(opt.spec.budget, V);
-    DraftTopK top;
-    if (s.drafter->top_k_on_device(s.next, start, L, k, top)) {
-      s.round = std::make_unique<DraftRound>(
-          make_round(opt.spec.chain ? build_draft_chain(top) : build_draft_tree(top, opt.spec.budget), s.next, start));
-    } else {
-      std::vector<float> scratch;
-      s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch));
-    }
+    // (A drafter on the GPU hands back only the tree builder's top-k: draft_round.)
+    std::vector<float> scratch;
+    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch));
     s.step_rows = s.round->tree.size();
     a.ids = s.round->tree.tokens.data();
     a.positions = s.round->positions.data();

@@ -1,11 +1,16 @@
 #include "spec/round.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kd {
 
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
-                       int64_t vocab, std::vector<float>& draft_logits) {
+                       int64_t vocab, std::vector<float>& draft_logits, bool device_top_k) {
+  const int64_t k = spec.chain ? 1 : std::min<int64_t>(spec.budget, vocab);
+  DraftTopK top;
+  if (device_top_k && drafter.top_k_on_device(bonus, start, L, k, top))
+    return make_round(spec.chain ? build_draft_chain(top) : build_draft_tree(top, spec.budget), bonus, start);
   draft_logits.resize(static_cast<size_t>((drafter.block_size() - 1) * vocab));
   drafter.draft(bonus, start, draft_logits.data());
   return make_round(spec.chain ? build_draft_chain(draft_logits.data(), L, vocab)

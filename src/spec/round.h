@@ -18,9 +18,12 @@ struct DraftRound {
 };
 
 // Drafts `L` ≥ 1 positions after `bonus` (at position start == drafter.context_len()) and builds
-// the tree (or chain) to verify. draft_logits is scratch of [block − 1, vocab].
+// the tree (or chain) to verify. A drafter that can hand back the tree builder's top-k from the
+// device (Drafter::top_k_on_device: the same tree, bit for bit) does so unless device_top_k is false
+// (the GPU tests' host reference); others bring their logits to the host, into draft_logits
+// (scratch of [block − 1, vocab]).
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
-                       int64_t vocab, std::vector<float>& draft_logits);
+                       int64_t vocab, std::vector<float>& draft_logits, bool device_top_k = true);
 
 // The round for a built tree: node 0 set to the bonus, positions start + depth, visibility.
 DraftRound make_round(DraftTree tree, int32_t bonus, int64_t start);

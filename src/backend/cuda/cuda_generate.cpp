@@ -9,7 +9,6 @@
 #include "sample/sampler.h"
 #include "backend/cuda/cuda_dflash.h"
 #include "backend/cuda/cuda_target_impl.h"
-#include "backend/cuda/draft_top_k.h"
 #include "backend/cuda/kernels.h"
 #include "spec/round.h"
 #include "spec/tree.h"
@@ -231,10 +230,9 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
   t0 = now_s();
   int32_t bonus = choose(logits.data(), n_prompt);
   emit(bonus, logits.data());
-  // Round paths (cuda_generate.h): the tree builder's top-k from a GPU drafter's device logits;
-  // at temperature 0, the verify rows' argmax on the device (sample() is argmax there).
-  const int64_t top_k = spec.chain ? 1 : std::min(spec.budget, V);
-  const bool device_top_k = gpu_drafter && round.device_top_k && top_k <= kMaxDeviceTopK;
+  // Round paths (cuda_generate.h): the tree builder's top-k from a GPU drafter's device logits
+  // (draft_round asks the drafter); at temperature 0, the verify rows' argmax on the device
+  // (sample() is argmax there).
   const bool device_argmax = opt.sampling.temperature == 0.0f && round.device_argmax;
   CudaTarget::Impl& m = target.impl();
   ArgmaxScratch am;
@@ -246,13 +244,7 @@ SpecResult generate_ddtree_cuda(CudaTarget& target, Drafter& drafter, const std:
     const int64_t L = std::min({B - 1, ctx - 1 - start, n_max - int64_t(r.output_ids.size())});
     if (L < 1) fail("internal: no draft position left at ", start);
     double td = now_s();
-    DraftRound dr;
-    if (device_top_k) {
-      const DraftTopK top = gpu_drafter->draft_top_k(bonus, start, L, top_k);
-      dr = make_round(spec.chain ? build_draft_chain(top) : build_draft_tree(top, spec.budget), bonus, start);
-    } else {
-      dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits);
-    }
+    const DraftRound dr = draft_round(drafter, bonus, start, L, spec, V, draft_logits, round.device_top_k);
     st.draft_ms += (now_s() - td) * 1e3;
 
     const int64_t n = dr.tree.size();
