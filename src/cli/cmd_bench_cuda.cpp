@@ -69,6 +69,7 @@ int cmd_bench_cuda(const BenchOptions& o) {
   const ModelConfig& c = t->config();
   log_info("measuring the device's streaming read bandwidth …");
   const double bw = CudaTarget::measure_read_gbps();
+  const double mma_tflops = CudaTarget::measure_mma_tflops();
   std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
 
@@ -130,7 +131,7 @@ int cmd_bench_cuda(const BenchOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j = {
         {"model", label}, {"backend", "cuda"}, {"device", cuda_device_name()}, {"weights_bytes", t->device_weight_bytes()},
-        {"read_bandwidth_gb_per_s", bw}, {"repetitions", o.repetitions},
+        {"read_bandwidth_gb_per_s", bw}, {"mma_bf16_tflops", mma_tflops}, {"repetitions", o.repetitions},
         {"prefill", {{"tokens", o.n_prompt}, {"ms", pp_ms}, {"tokens_per_s", pp_tps}}},
         {"decode", {{"steps", o.n_gen}, {"ms_per_token", tg_ms}, {"ms_per_token_without_graph", tgl_ms}, {"tokens_per_s", tg_tps}, {"floor_bytes", tg_bytes},
                     {"floor_ms", tg_floor_ms}, {"gb_per_s", double(tg_bytes) / (tg_ms * 1e-3) / 1e9},
@@ -143,8 +144,8 @@ int cmd_bench_cuda(const BenchOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("device: %s; weights on device %.2f GB; measured streaming read %.0f GB/s\n", cuda_device_name().c_str(),
-              double(t->device_weight_bytes()) / 1e9, bw);
+  std::printf("device: %s; weights on device %.2f GB; measured streaming read %.0f GB/s; mma.sync bf16 %.0f TFLOP/s\n",
+              cuda_device_name().c_str(), double(t->device_weight_bytes()) / 1e9, bw, mma_tflops);
   std::printf("| model | backend | test | ms | t/s | floor ms | GB/s | %% of floor |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
   std::printf("| %s | cuda | pp%lld | %.2f | %.1f | | | |\n", label.c_str(), (long long)o.n_prompt, pp_ms, pp_tps);
   std::printf("| %s | cuda | tg%lld (per token, CUDA graph) | %.3f | %.1f | %.3f | %.0f | %.1f %% |\n", label.c_str(),

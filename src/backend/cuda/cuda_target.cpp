@@ -622,6 +622,7 @@ uint64_t CudaTarget::floor_bytes(int64_t cached_rows, int64_t n_rows, const std:
 }
 
 double CudaTarget::measure_read_gbps() { return cuda::measure_read_gbps(int64_t(4) << 30, 10); }
+double CudaTarget::measure_mma_tflops() { return cuda::measure_mma_tflops(10); }
 
 double CudaTarget::Impl::elapsed_ms() {
   float ms = 0;

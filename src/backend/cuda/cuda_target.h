@@ -87,6 +87,7 @@ class CudaTarget {
   uint64_t device_weight_bytes() const;  // weights resident on the device
 
   static double measure_read_gbps();  // streaming read bandwidth of the device, GB/s (median of 10)
+  static double measure_mma_tflops();  // mma.sync bf16 m16n8k16 rate, register operands, TFLOP/s (median of 10)
 
   struct Impl;  // defined in cuda_target_impl.h (device pointers; only the backend's .cpp files see it)
   Impl& impl() { return *impl_; }  // for the backend's GPU drafter (embedding, lm_head, stream)

@@ -201,6 +201,9 @@ void fill_words(uint32_t* p, int64_t n, uint64_t seed, cudaStream_t s);
 
 // Read-only streaming bandwidth of the device over `bytes` (≥ 1 GiB), GB/s, median of `reps`.
 double measure_read_gbps(int64_t bytes, int reps);
+// Dense rate of mma.sync m16n8k16 bf16 → fp32 (the instruction of mma.cu) with register operands,
+// TFLOP/s (2·16·8·16 per MMA), median of `reps`: the tensor-pipe ceiling of the bf16 MMA path.
+double measure_mma_tflops(int reps);
 
 // DFlash drafter (dflash_kernels.cu). x [rows, heads, hd] in place: per-head RMSNorm (weight w [hd],
 // sum of squares in fp64), then neox RoPE (pairs j, j + hd/2) at positions first + row,

@@ -38,11 +38,13 @@
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace kd::cuda {
 
@@ -668,6 +670,56 @@ bool expert_linear_mma(const ExpertBatch& b, const float* x, int64_t ldx, float*
   mma_expert_kernel<RT, KS, U><<<grid, KS * 32, 0, s>>>(b, x, ldx, y, ldy, int(ep));
   check_launch("expert_linear (MMA)");
   return true;
+}
+
+
+// ---- Ceiling probe: the rate of this file's tensor-core instruction --------------------------------
+namespace {
+// 8 independent accumulator chains of m16n8k16 bf16 MMAs a warp, operands in registers (no memory
+// traffic): the issue and tensor-pipe limit every kernel above works against.
+__global__ void mma_rate_kernel(float* sink, int iters) {
+  uint32_t a[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = 0x3f803f80u ^ (threadIdx.x * 0x00010001u * (i + 1));
+  const uint32_t b0 = 0x3f803f80u + threadIdx.x, b1 = 0x3f803f80u - threadIdx.x;
+  float d[8][4] = {};
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) mma_bf16(d[c], a, b0, b1);
+  float t = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) t += d[c][0] + d[c][1] + d[c][2] + d[c][3];
+  if (t == 1234.5f) *sink = t;  // never true for these operands; keeps the work
+}
+}  // namespace
+
+double measure_mma_tflops(int reps) {
+  float* sink = nullptr;
+  check(cudaMalloc(&sink, sizeof(float)), "cudaMalloc (MMA probe)");
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  constexpr int kIters = 4096, kWarpsPerBlock = 8, kBlocksPerSm = 4;
+  std::vector<double> tflops;
+  for (int r = 0; r < reps + 1; ++r) {
+    check(cudaEventRecord(a), "cudaEventRecord");
+    mma_rate_kernel<<<unsigned(sms * kBlocksPerSm), kWarpsPerBlock * 32>>>(sink, kIters);
+    check_launch("mma_rate_kernel");
+    check(cudaEventRecord(b), "cudaEventRecord");
+    check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+    const double mmas = double(sms) * kBlocksPerSm * kWarpsPerBlock * kIters * 8;
+    if (r > 0) tflops.push_back(mmas * 2.0 * 16 * 8 * 16 / (double(ms) * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFree(sink);
+  std::sort(tflops.begin(), tflops.end());
+  return tflops[tflops.size() / 2];
 }
 
 }  // namespace kd::cuda
