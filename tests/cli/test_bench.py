@@ -37,3 +37,15 @@ def test_bench_rejects_cuda_and_zero_tokens():
     assert 0 < r.returncode < 128 and "cuda" in r.stderr, r.stderr
     r = kdtree("bench", "-m", MODEL, "-n", 0)
     assert r.returncode == 2 and "--n-gen" in r.stderr, r.stderr
+
+
+def test_bench_verify_sizes():
+    # --verify-sizes picks the tree sizes of the verify curve, in the order given
+    r = kdtree("bench", "-m", MODEL, "-p", 8, "-n", 2, "-r", 1, "--verify-curve", "--verify-sizes", "3,1", "--json", ok=True)
+    out = json.loads(r.stdout)
+    assert [p["nodes"] for p in out["verify_curve"]] == [3, 1], out["verify_curve"]
+    # without --verify-curve on the CPU it would be ignored: an error that says what to add
+    r = kdtree("bench", "-m", MODEL, "--verify-sizes", "4")
+    assert 0 < r.returncode < 128 and "--verify-curve" in r.stderr, r.stderr
+    r = kdtree("bench", "-m", MODEL, "--verify-curve", "--verify-sizes", "0")
+    assert r.returncode == 2 and "--verify-sizes" in r.stderr, r.stderr
