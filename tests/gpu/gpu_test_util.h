@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,14 @@ struct DevBuf {
   template <class T>
   T* as() const { return static_cast<T*>(p); }
 };
+
+// n draws of N(0, 1).
+inline std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
 
 // Median device time of `once` (launches on the default stream) in µs: `warm` untimed calls, then
 // `reps` timed ones, each between two events.

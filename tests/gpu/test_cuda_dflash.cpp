@@ -1,6 +1,6 @@
 // The DFlash drafter on the GPU (src/backend/cuda/cuda_dflash.*) against the CPU DFlashDrafter
-// (itself checked against python/dflash_reference.py's goldens in tests/unit/test_dflash.cpp), and
-// DDTree with the GPU drafter == AR on the GPU, tokens and logits bit for bit.
+// (itself checked against python/dflash_reference.py's goldens in tests/unit/test_dflash.cpp); DDTree
+// with it == AR on the GPU is tests/gpu/test_cuda_round.cpp's.
 //
 // Tolerance for draft logits: max |Δ| / max |ref| ≤ 1e-4, the rule of the CPU drafter's own test:
 // both sides run fp32 on the same bf16 weights and differ only in summation order (≈ 1e-6 here),
@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "backend/cuda/cuda_dflash.h"
-#include "backend/cuda/cuda_generate.h"
 #include "backend/cuda/cuda_target.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -28,7 +27,6 @@
 #include "model/deepseek_v3.h"
 #include "model/dflash.h"
 #include "model/make_drafter.h"
-#include "spec/dflash_drafter.h"
 #include "test_util.h"
 #include "gpu_test_util.h"
 
@@ -143,49 +141,8 @@ TEST(GpuDFlash, DeviceTapRowsMatchCpuDrafter) {
   }
 }
 
-// DDTree / DFlash chains with the GPU drafter: output == AR on the GPU, tokens and logits bitwise.
-TEST(GpuDFlash, DdtreeWithGpuDrafterEqualsArBitwise) {
-  REQUIRE_GPU();
-  struct Case {
-    const char* target;
-    std::string drafter;
-  };
-  for (const Case& k : {Case{"k2-bf16", fixture("dflash-rope")}, Case{"k2-int4", made_drafter("k2-int4", 2, 8)}}) {
-    Checkpoint ck(fixture(k.target));
-    DeepseekV3 model(ck);
-    const ModelConfig& c = model.config();
-    std::vector<int32_t> prompt;
-    for (int64_t i = 0; i < 7; ++i) prompt.push_back(int32_t((i * 37 + 11) % c.vocab_size));
-    CudaTarget t(model, 160);
-    for (float temp : {0.0f, 0.8f}) {
-      GenerateOptions go;
-      go.max_new_tokens = 48;
-      go.ignore_eos = true;
-      go.keep_logits = true;
-      go.sampling.temperature = temp;
-      go.sampling.seed = 3;
-      const GenerateResult ar = generate_ar_cuda(t, prompt, go);
-      for (int64_t budget : {0, 1, 4, 16}) {  // 0: the DFlash chain
-        SpecOptions so;
-        so.chain = budget == 0;
-        so.budget = budget;
-        CudaDFlash g(k.drafter, t, 128);
-        const SpecResult sr = generate_ddtree_cuda(t, g, prompt, go, so);
-        EXPECT_EQ(sr.gen.output_ids, ar.output_ids) << k.target << " T=" << temp << " budget " << budget;
-        ASSERT_EQ(sr.gen.logits.size(), ar.logits.size());
-        EXPECT_EQ(0, std::memcmp(sr.gen.logits.data(), ar.logits.data(), ar.logits.size() * 4))
-            << k.target << " T=" << temp << " budget " << budget << ": logits differ from AR's";
-        // The CPU drafter on the same GPU target drafts (almost always) the same trees.
-        DFlashAdapter cpu(k.drafter, model, 128);
-        const SpecResult sc = generate_ddtree_cuda(t, cpu, prompt, go, so);
-        EXPECT_EQ(sc.gen.output_ids, ar.output_ids);
-        std::printf("  %s T=%.1f budget %lld: rounds %lld accepted %lld (CPU drafter: rounds %lld accepted %lld)\n",
-                    k.target, double(temp), (long long)budget, (long long)sr.stats.rounds, (long long)sr.stats.accepted,
-                    (long long)sc.stats.rounds, (long long)sc.stats.accepted);
-      }
-    }
-  }
-}
+// DDTree / DFlash chains with this drafter == AR on the GPU (tokens and logits, bitwise; T 0 and 0.8;
+// budgets 0/1/4/16; also the CPU drafter on the GPU target): CudaRound.DevicePathsEqualHostPathsAndAr.
 
 }  // namespace
 }  // namespace kd

@@ -22,13 +22,17 @@
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "expert_routing.h"
 #include "gpu_test_util.h"
-
 
 namespace kd {
 namespace {
 
 using gpu_test::DevBuf;
+using gpu_test::DevRouting;
+using gpu_test::normal_x;
+using gpu_test::random_routing;
+using gpu_test::Routing;
 
 using cuda::Epilogue;
 
@@ -46,62 +50,6 @@ struct ModeScope {
   ModeScope& operator=(const ModeScope&) = delete;
 };
 
-// Token i's K distinct experts; entries grouped by expert ascending, tokens ascending inside (as
-// dispatch() builds them); entry (i, k) reads x row i, writes y row i·K + k.
-struct Routing {
-  int64_t n, K;
-  std::vector<std::vector<int32_t>> choice;
-};
-
-Routing random_routing(int64_t n, int64_t K, int64_t E, std::mt19937& rng) {
-  Routing r{n, K, {}};
-  std::vector<int32_t> ids(static_cast<size_t>(E));
-  for (int64_t i = 0; i < n; ++i) {
-    for (int32_t e = 0; e < int32_t(E); ++e) ids[size_t(e)] = e;
-    std::shuffle(ids.begin(), ids.end(), rng);
-    r.choice.emplace_back(ids.begin(), ids.begin() + K);
-  }
-  return r;
-}
-
-// The routing's ExpertBatch tables on the device.
-struct DevRouting {
-  int32_t n_active = 0;
-  std::vector<int32_t> act_expert, act_off, act_cnt, in_row, out_row;
-  DevBuf dn, dae, dao, dac, din, dout;
-  static std::vector<int32_t> tables(const Routing& rt, int64_t E, int which) {
-    std::vector<int32_t> ae, ao, ac, ir, orow;
-    for (int32_t e = 0; e < int32_t(E); ++e) {
-      const int32_t off = int32_t(ir.size());
-      for (int64_t i = 0; i < rt.n; ++i)
-        for (int64_t k = 0; k < rt.K; ++k)
-          if (rt.choice[size_t(i)][size_t(k)] == e) {
-            ir.push_back(int32_t(i));
-            orow.push_back(int32_t(i * rt.K + k));
-          }
-      if (int32_t(ir.size()) > off) {
-        ae.push_back(e);
-        ao.push_back(off);
-        ac.push_back(int32_t(ir.size()) - off);
-      }
-    }
-    const std::vector<int32_t>* all[5] = {&ae, &ao, &ac, &ir, &orow};
-    return *all[which];
-  }
-  DevRouting(const Routing& rt, int64_t E)
-      : act_expert(tables(rt, E, 0)), act_off(tables(rt, E, 1)), act_cnt(tables(rt, E, 2)), in_row(tables(rt, E, 3)),
-        out_row(tables(rt, E, 4)), dn(4), dae(act_expert.size() * 4), dao(act_off.size() * 4), dac(act_cnt.size() * 4),
-        din(in_row.size() * 4), dout(out_row.size() * 4) {
-    n_active = int32_t(act_expert.size());
-    dn.up(&n_active, 4);
-    dae.up(act_expert.data(), act_expert.size() * 4);
-    dao.up(act_off.data(), act_off.size() * 4);
-    dac.up(act_cnt.data(), act_cnt.size() * 4);
-    din.up(in_row.data(), in_row.size() * 4);
-    dout.up(out_row.data(), out_row.size() * 4);
-  }
-};
-
 // E INT4 g32 experts [rows, cols] back to back on the device (random words, bf16 scales).
 struct Mat {
   const char* name;
@@ -112,24 +60,8 @@ struct Mat {
   int64_t ldy() const { return ep == Epilogue::swiglu ? rows / 2 : rows; }
 };
 
-cuda::ExpertBatch batch(const Mat& m, const DevBuf& dw, const DevBuf& ds, const DevRouting& r, int64_t n) {
-  cuda::ExpertBatch b;
-  b.w.rows = m.rows;
-  b.w.cols = m.cols;
-  b.w.int4 = true;
-  b.w.w = dw.p;
-  b.w.scales = ds.as<uint16_t>();
-  b.w_stride_bytes = m.wbytes();
-  b.scale_stride_elems = m.sbytes() / 2;
-  b.n_active = r.dn.as<int32_t>();
-  b.act_expert = r.dae.as<int32_t>();
-  b.act_off = r.dao.as<int32_t>();
-  b.act_cnt = r.dac.as<int32_t>();
-  b.in_row = r.din.as<int32_t>();
-  b.out_row = r.dout.as<int32_t>();
-  b.max_active = std::min(m.E, n * 8);
-  b.max_rows_per_expert = n;
-  return b;
+cuda::ExpertBatch batch(const Mat& m, const DevBuf& dw, const DevBuf& ds, const DevRouting& r) {
+  return r.batch(dw.p, ds.as<uint16_t>(), m.E, m.rows, m.cols);
 }
 
 // y [n·K, ldy] for token rows x (host) through the current mode; NaN-poisoned first.
@@ -143,19 +75,11 @@ std::vector<float> run(const Mat& m, const DevBuf& dw, const DevBuf& ds, const R
   DevBuf dx(size_t(rt.n * m.cols) * 4), dy(y.size() * 4);
   dx.up(x, size_t(rt.n * m.cols) * 4);
   dy.up(y.data(), y.size() * 4);
-  cuda::ExpertBatch b = batch(m, dw, ds, r, rt.n);
-  b.max_active = std::min(m.E, rt.n * rt.K);
+  const cuda::ExpertBatch b = batch(m, dw, ds, r);
   cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), ldy, ep, nullptr);
   cuda::check(cudaDeviceSynchronize(), "expert_linear");
   cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
   return y;
-}
-
-std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = nd(rng);
-  return x;
 }
 
 // The CUDA-core configs the sweep times: 0 (the reference bits), 1 and 15 (the staged kernel's best),
@@ -247,7 +171,7 @@ void sweep(const Mat& m, uint32_t seed) {
     std::string line = std::string(label) + std::string(5 - std::min<size_t>(4, std::strlen(label)), ' ') + "|";
     for (size_t t = 0; t < ns.size(); ++t) {
       const DevRouting r(trt[t], m.E);
-      const cuda::ExpertBatch b = batch(m, dw, ds, r, ns[t]);
+      const cuda::ExpertBatch b = batch(m, dw, ds, r);
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), m.ldy(), m.ep, nullptr); };
       const double us = gpu_test::median_us(once), gb = double(r.n_active) * double(m.wbytes() + m.sbytes()) / 1e9;
       char cell[40];

@@ -24,6 +24,7 @@ namespace kd {
 namespace {
 
 using gpu_test::DevBuf;
+using gpu_test::normal_x;
 
 using cuda::Epilogue;
 
@@ -71,13 +72,6 @@ std::vector<float> run(const Matrix& a, const float* x, int64_t M, Epilogue ep, 
   cuda::check(cudaDeviceSynchronize(), "linear");
   cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
   return y;
-}
-
-std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = nd(rng);
-  return x;
 }
 
 // fp64 reference and the plain fp32 implementation (one running fp32 sum per output, k ascending).

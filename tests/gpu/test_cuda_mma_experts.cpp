@@ -15,13 +15,16 @@
 #include "backend/cuda/cuda_target.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
+#include "expert_routing.h"
 #include "gpu_test_util.h"
-
 
 namespace kd {
 namespace {
 
 using gpu_test::DevBuf;
+using gpu_test::DevRouting;
+using gpu_test::normal_x;
+using gpu_test::Routing;
 
 using cuda::Epilogue;
 
@@ -56,61 +59,16 @@ struct Experts {
   }
 };
 
-// Token i of n goes to experts choice[i] (distinct); entries grouped by expert ascending, tokens
-// ascending inside (as dispatch() builds them); entry (i, k) reads x row i, writes y row i·K + k.
-struct Routing {
-  int64_t n, K;
-  std::vector<std::vector<int32_t>> choice;
-};
-
 // y [n·K, ldy] via cuda::expert_linear (whichever path is switched on); NaN-poisoned, or y0 (add).
 std::vector<float> run(const Experts& ex, const Routing& rt, const float* x, Epilogue ep, const float* y0 = nullptr) {
   const int64_t ldy = ep == Epilogue::swiglu ? ex.rows / 2 : ex.rows;
-  std::vector<int32_t> act_expert, act_off, act_cnt, in_row, out_row;
-  for (int32_t e = 0; e < int32_t(ex.E); ++e) {
-    const int32_t off = int32_t(in_row.size());
-    for (int64_t i = 0; i < rt.n; ++i)
-      for (int64_t k = 0; k < rt.K; ++k)
-        if (rt.choice[size_t(i)][size_t(k)] == e) {
-          in_row.push_back(int32_t(i));
-          out_row.push_back(int32_t(i * rt.K + k));
-        }
-    if (int32_t(in_row.size()) > off) {
-      act_expert.push_back(e);
-      act_off.push_back(off);
-      act_cnt.push_back(int32_t(in_row.size()) - off);
-    }
-  }
-  const int32_t n_active = int32_t(act_expert.size());
-  DevBuf dn(4), dae(act_expert.size() * 4), dao(act_off.size() * 4), dac(act_cnt.size() * 4), din(in_row.size() * 4),
-      dout(out_row.size() * 4);
-  dn.up(&n_active, 4);
-  dae.up(act_expert.data(), act_expert.size() * 4);
-  dao.up(act_off.data(), act_off.size() * 4);
-  dac.up(act_cnt.data(), act_cnt.size() * 4);
-  din.up(in_row.data(), in_row.size() * 4);
-  dout.up(out_row.data(), out_row.size() * 4);
+  const DevRouting r(rt, ex.E);
   std::vector<float> y(static_cast<size_t>(rt.n * rt.K * ldy), std::nanf(""));
   if (y0 != nullptr) std::copy(y0, y0 + y.size(), y.begin());
   DevBuf dx(size_t(rt.n * ex.cols) * 4), dy(y.size() * 4);
   dx.up(x, size_t(rt.n * ex.cols) * 4);
   dy.up(y.data(), y.size() * 4);
-  cuda::ExpertBatch b;
-  b.w.rows = ex.rows;
-  b.w.cols = ex.cols;
-  b.w.int4 = true;
-  b.w.w = ex.dw.p;
-  b.w.scales = ex.ds.as<uint16_t>();
-  b.w_stride_bytes = ex.rows * ex.cols / 2;
-  b.scale_stride_elems = ex.rows * ex.cols / 32;
-  b.n_active = dn.as<int32_t>();
-  b.act_expert = dae.as<int32_t>();
-  b.act_off = dao.as<int32_t>();
-  b.act_cnt = dac.as<int32_t>();
-  b.in_row = din.as<int32_t>();
-  b.out_row = dout.as<int32_t>();
-  b.max_active = ex.E;
-  b.max_rows_per_expert = rt.n;
+  const cuda::ExpertBatch b = r.batch(ex.dw.p, ex.ds.as<uint16_t>(), ex.E, ex.rows, ex.cols);
   cuda::expert_linear(b, dx.as<float>(), ex.cols, dy.as<float>(), ldy, ep, nullptr);
   cuda::check(cudaDeviceSynchronize(), "expert_linear");
   cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
@@ -129,13 +87,6 @@ Routing make_routing(int64_t n, int64_t K, int64_t E, std::mt19937& rng) {
     r.choice.push_back(c);
   }
   return r;
-}
-
-std::vector<float> normal_x(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = nd(rng);
-  return x;
 }
 
 void check_experts(int64_t rows, int64_t cols, uint32_t seed) {
@@ -237,54 +188,9 @@ TEST(CudaMmaExperts, TimingPrintout) {
   std::printf("mma experts timing: gate/up 4096x7168 INT4 g32, 384 experts, top-8, median of 21:\n");
   std::printf("   n | experts | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
   for (int64_t n : {1, 2, 4, 8, 17, 33}) {
-    std::vector<std::vector<int32_t>> choice;
-    for (int64_t i = 0; i < n; ++i) {
-      std::vector<int32_t> ids(static_cast<size_t>(E));
-      for (int32_t e = 0; e < int32_t(E); ++e) ids[size_t(e)] = e;
-      std::shuffle(ids.begin(), ids.end(), rng);
-      ids.resize(size_t(K));
-      choice.push_back(ids);
-    }
-    std::vector<int32_t> act_expert, act_off, act_cnt, in_row, out_row;
-    for (int32_t e = 0; e < int32_t(E); ++e) {
-      const int32_t off = int32_t(in_row.size());
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t k = 0; k < K; ++k)
-          if (choice[size_t(i)][size_t(k)] == e) {
-            in_row.push_back(int32_t(i));
-            out_row.push_back(int32_t(i * K + k));
-          }
-      if (int32_t(in_row.size()) > off) {
-        act_expert.push_back(e);
-        act_off.push_back(off);
-        act_cnt.push_back(int32_t(in_row.size()) - off);
-      }
-    }
-    const int32_t n_active = int32_t(act_expert.size());
-    DevBuf dn(4), dae(act_expert.size() * 4), dao(act_off.size() * 4), dac(act_cnt.size() * 4), din(in_row.size() * 4),
-        dout(out_row.size() * 4);
-    dn.up(&n_active, 4);
-    dae.up(act_expert.data(), act_expert.size() * 4);
-    dao.up(act_off.data(), act_off.size() * 4);
-    dac.up(act_cnt.data(), act_cnt.size() * 4);
-    din.up(in_row.data(), in_row.size() * 4);
-    dout.up(out_row.data(), out_row.size() * 4);
-    cuda::ExpertBatch b;
-    b.w.rows = rows;
-    b.w.cols = cols;
-    b.w.int4 = true;
-    b.w.w = dw.p;
-    b.w.scales = ds.as<uint16_t>();
-    b.w_stride_bytes = wbytes;
-    b.scale_stride_elems = sbytes / 2;
-    b.n_active = dn.as<int32_t>();
-    b.act_expert = dae.as<int32_t>();
-    b.act_off = dao.as<int32_t>();
-    b.act_cnt = dac.as<int32_t>();
-    b.in_row = din.as<int32_t>();
-    b.out_row = dout.as<int32_t>();
-    b.max_active = std::min(E, n * K);
-    b.max_rows_per_expert = n;
+    const DevRouting r(gpu_test::random_routing(n, K, E, rng), E);
+    const cuda::ExpertBatch b = r.batch(dw.p, ds.as<uint16_t>(), E, rows, cols);
+    const int32_t n_active = r.n_active;
     const double gb = double(n_active) * double(wbytes + sbytes) / 1e9;
     double t[2];
     for (int p = 0; p < 2; ++p) {
