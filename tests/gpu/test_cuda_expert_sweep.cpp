@@ -1,6 +1,6 @@
 // Sweep of the CUDA-core INT4 expert kernel configs (cuda::set_expert_config, linear.cu) at Kimi K2's
 // routed-expert shapes — gate/up 4096 × 7168 (swiglu) and down 7168 × 2048 (store), 384 experts,
-// top-8 random routing, n = 1 … 33 tokens: µs and GB/s a launch (CUDA events, median of 21 after 3
+// top-8 random routing, n = 1 … 1024 tokens: µs and GB/s a launch (CUDA events, median of 21 after 3
 // warm-ups; GB = distinct experts × their weight + scale bytes), for the configs in swept_configs()
 // (config 0, the staged 1 and 15, and the lean configs 16 …; the others were swept in
 // notes/logs/expert-sweep-1.log and are still checked bit for bit by ConfigsPartialTiles) plus the
@@ -151,10 +151,11 @@ void sweep(const Mat& m, uint32_t seed) {
   const std::vector<float> ix = normal_x(n * m.cols, rng);
   std::vector<float> y_cfg0;
 
-  // Timing buffers: up to 33 tokens.
-  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33};
-  DevBuf dx(size_t(33 * m.cols) * 4), dy(size_t(33 * K * m.ldy()) * 4);
-  cuda::fill_f32(dx.as<float>(), 33 * m.cols, -1.0f, 1.0f, seed + 2, nullptr);
+  // Timing buffers: up to 1024 tokens (decode, verify trees, prefill chunks).
+  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 1024};
+  const int64_t nmax = ns.back();
+  DevBuf dx(size_t(nmax * m.cols) * 4), dy(size_t(nmax * K * m.ldy()) * 4);
+  cuda::fill_f32(dx.as<float>(), nmax * m.cols, -1.0f, 1.0f, seed + 2, nullptr);
   std::vector<Routing> trt;
   for (int64_t t : ns) trt.push_back(random_routing(t, K, m.E, rng));
 
@@ -210,8 +211,10 @@ void sweep(const Mat& m, uint32_t seed) {
 TEST(CudaExperts, ConfigSweep) {
   REQUIRE_GPU();
   ModeScope restore;
-  std::printf("device read bandwidth %.0f GB/s; production configs %d (gate/up), %d (down); configs:\n",
-              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigGateUp, cuda::kExpertConfigDown);
+  std::printf("device read bandwidth %.0f GB/s; production configs %d (gate/up; %d from %lld rows), %d (down; %d from %lld "
+              "rows); configs:\n",
+              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigGateUp, cuda::kExpertConfigWide,
+              (long long)cuda::kWideGateUpRows, cuda::kExpertConfigDown, cuda::kExpertConfigWide, (long long)cuda::kWideDownRows);
   for (const int c : swept_configs()) std::printf("  %2d %s\n", c, cuda::expert_config_describe(c).c_str());
   sweep(Mat{"gate/up", 384, 4096, 7168, Epilogue::swiglu}, 501);
   sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);

@@ -51,11 +51,15 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
 // the shared-memory staged kernel in several tile/stage shapes, 16 … the lean staged kernel: fewer
 // instructions a weight, token pairs). Every config writes the same bits
 // (same per-lane chunk order and arithmetic), so the choice is performance only. Production picks by
-// the matrix (the H200 sweep's winners, docs/perf.md): kExpertConfigGateUp for gate/up (rows ≤ cols),
-// kExpertConfigDown for down (rows > cols); expert_config() is then −1. KDTREE_CUDA_EXPERT_CONFIG
-// (read once) or set_expert_config(cfg) (tests and the sweep; −1 restores the rule) force one.
-// Shapes a staged config cannot take (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
+// the matrix and the forward's row count (the H200 sweep's winners, docs/perf.md): gate/up (rows ≤
+// cols) kExpertConfigGateUp, or kExpertConfigWide (token pairs share each unpacked weight) from
+// kWideGateUpRows rows on; down (rows > cols) kExpertConfigDown, or kExpertConfigWide from
+// kWideDownRows on; expert_config() is then −1. KDTREE_CUDA_EXPERT_CONFIG (read once) or
+// set_expert_config(cfg) (tests and the sweep; −1 restores the rule) force one. Shapes a staged
+// config cannot take (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
 constexpr int kExpertConfigGateUp = 16, kExpertConfigDown = 17;  // the lean kernel, 4 warps × 8 rows
+constexpr int kExpertConfigWide = 20;                             // lean, token pairs (MT = 2)
+constexpr int64_t kWideGateUpRows = 33, kWideDownRows = 128;
 int expert_config_count();
 int expert_config();
 void set_expert_config(int cfg);

@@ -733,7 +733,14 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
   // One token per expert (decode) needs no M-tile; wider tiles share each weight load across rows.
   const bool single = b.max_rows_per_expert <= 1;
   const int forced = expert_config();
-  const int cfg = forced >= 0 ? forced : b.w.rows > b.w.cols ? kExpertConfigDown : kExpertConfigGateUp;
+  // By the matrix and the batch (every lean config writes the same bits): token pairs pay off once
+  // most experts serve two or more rows — the sweep's crossover is between 17 and 33 rows for
+  // gate/up, between 33 and 128 for down.
+  const bool down = b.w.rows > b.w.cols;
+  const int64_t n = b.max_rows_per_expert;
+  const int cfg = forced >= 0 ? forced
+                  : down      ? (n >= kWideDownRows ? kExpertConfigWide : kExpertConfigDown)
+                              : (n >= kWideGateUpRows ? kExpertConfigWide : kExpertConfigGateUp);
   if (b.w.int4 && cfg != 0 && expert_config_fits(b)) {
     with_staged(cfg, [&](auto w, auto r, auto mt, auto st, auto mb, auto v) {
       launch_staged<decltype(w)::value, decltype(r)::value, decltype(mt)::value, decltype(st)::value, decltype(mb)::value,
