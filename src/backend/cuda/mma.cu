@@ -156,11 +156,11 @@ __device__ __forceinline__ uint4 load_w(const uint16_t* p) {
 // the warp never waits on HBM with nothing in flight). KC: the warp takes runs of U consecutive k32
 // blocks instead (runs w, w + KS, …: a batch's loads fill whole 128-byte lines of each row) — then
 // U is part of the order. None of PF, LD, RT, NT (nor U without KC) changes the order.
-template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC>
-__device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0,
-                                          const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const uint16_t* wp[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped), at column 8t
+// Lane (g, t)'s weight rows g and g + 8 of each of the RT 16-row tiles from row0 (clamped to the
+// matrix), at column 8t; and the tile's accumulators zeroed (the bf16 kernels here and in mma_xs.cuh).
+template <int RT, int NT>
+__device__ __forceinline__ void tile_start(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0, int g, int t,
+                                           const uint16_t* (&wp)[RT][2], float (&acc)[RT][NT][4]) {
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -171,6 +171,14 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+}
+
+template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC>
+__device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0,
+                                          const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint16_t* wp[RT][2];
+  tile_start<RT, NT>(w16, rows, K, row0, g, t, wp, acc);
   const int64_t nkb = (K + 31) / 32, stride = int64_t(U) * KS, first = KC ? int64_t(warp) * U : int64_t(warp);
   constexpr int USTEP = KC ? 1 : KS;  // k32 blocks between a batch's consecutive loads
   // x of a whole batch is loaded before its first split when that stays small (U · NT · 8 registers).

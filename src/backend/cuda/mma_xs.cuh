@@ -37,18 +37,9 @@ __global__ void __launch_bounds__(KS * RW * 32, MINB) mma_linear_xs_kernel(DevMa
   const int mcount = int(M - m0 < 8 * NT ? M - m0 : int64_t(8 * NT));
   const int64_t nst = (nkb + int64_t(U) * KS - 1) / (int64_t(U) * KS);
   const uint16_t* w16 = static_cast<const uint16_t*>(w.w);
-  const uint16_t* wp[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped), at column 8t
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) wp[rt][h] = w16 + min(row0 + rt * 16 + g + 8 * h, rows - 1) * K + 8 * t;
+  const uint16_t* wp[RT][2];
   float acc[RT][NT][4];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+  tile_start<RT, NT>(w16, rows, K, row0, g, t, wp, acc);
 
   // Entry e = ((u · KS + w') · NT + nt) · 32 + lane': token m0 + 8·nt + lane' / 4, columns kb · 32 + 8 · (lane' % 4) …
   // + 7 of k32 block kb = (s · KS + w') · U + u. Rows past M and columns past K stage zeros. A thread's
@@ -178,17 +169,8 @@ __global__ void __launch_bounds__(KS * RW * 32, MINB) mma_linear_xw_kernel(DevMa
   const int64_t nst = (nkb + int64_t(U) * KS - 1) / (int64_t(U) * KS);
   const uint16_t* w16 = static_cast<const uint16_t*>(w.w);
   const uint16_t* wp[RT][2];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) wp[rt][h] = w16 + min(row0 + rt * 16 + g + 8 * h, rows - 1) * K + 8 * t;
   float acc[RT][NT][4];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+  tile_start<RT, NT>(w16, rows, K, row0, g, t, wp, acc);
   uint4* ring = xw_smem + size_t(ENT) * 3;
   auto slot = [&](int64_t s, int u, int rt, int h) { return ring + ((size_t(s % WST) * U + u) * RT * 2 + rt * 2 + h) * NTHR + tid; };
   auto w_async = [&](int64_t s) {  // stage s's weights into its ring slot; always one commit group (maybe empty)
