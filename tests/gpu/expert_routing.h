@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -68,9 +69,20 @@ struct DevRouting {
     din.up(t.in_row.data(), t.in_row.size() * 4);
     dout.up(t.out_row.data(), t.out_row.size() * 4);
   }
+  // Digit scratch of the integer tensor-core path (x_rows = n token rows), grown by batch().
+  mutable std::unique_ptr<DevBuf> dq, du;
+  mutable int64_t dq_cols = 0;
   // The batch over E INT4 g32 experts of [rows, cols] back to back at w / scales.
   cuda::ExpertBatch batch(const void* w, const uint16_t* scales, int64_t E, int64_t rows, int64_t cols) const {
+    if (cols > dq_cols) {
+      dq = std::make_unique<DevBuf>(size_t(cuda::expert_digit_bytes(n, cols)));
+      du = std::make_unique<DevBuf>(size_t(cuda::expert_digit_units(n, cols)) * 2);
+      dq_cols = cols;
+    }
     cuda::ExpertBatch b;
+    b.x_rows = n;
+    b.xq = dq->as<int8_t>();
+    b.xunit = du->as<uint16_t>();
     b.w.rows = rows;
     b.w.cols = cols;
     b.w.int4 = true;

@@ -37,14 +37,16 @@ using gpu_test::Routing;
 using cuda::Epilogue;
 
 
-// Restores the expert MMA switch and the expert config when the test ends.
+// Restores the expert paths' switches and configs when the test ends.
 struct ModeScope {
-  bool mma = cuda::expert_mma_enabled();
-  int cfg = cuda::expert_config();
+  bool mma = cuda::expert_mma_enabled(), imma = cuda::expert_imma_enabled();
+  int cfg = cuda::expert_config(), icfg = cuda::expert_imma_config();
   ModeScope() = default;
   ~ModeScope() {
     cuda::set_expert_mma(mma);
     cuda::set_expert_config(cfg);
+    cuda::set_expert_imma(imma);
+    cuda::set_expert_imma_config(icfg);
   }
   ModeScope(const ModeScope&) = delete;
   ModeScope& operator=(const ModeScope&) = delete;
@@ -90,11 +92,24 @@ std::vector<int> swept_configs() {
   return c;
 }
 
-// modes: 0 … count − 1 the CUDA-core configs, count the expert MMA path.
+// modes: 0 … count − 1 the CUDA-core configs, count the bf16 expert MMA path, count + 1 + c the
+// integer tensor-core path's config c (expert_imma.cu).
+int imma_mode(int c) { return cuda::expert_config_count() + 1 + c; }
 void set_mode(int mode) {
-  const bool mma = mode == cuda::expert_config_count();
-  cuda::set_expert_mma(mma);
-  cuda::set_expert_config(mma ? -1 : mode);
+  const int n = cuda::expert_config_count();
+  cuda::set_expert_mma(mode == n);
+  cuda::set_expert_config(mode < n ? mode : -1);
+  cuda::set_expert_imma(mode > n);
+  cuda::set_expert_imma_config(mode > n ? mode - n - 1 : -1);
+}
+std::string mode_label(int mode) {
+  const int n = cuda::expert_config_count();
+  char buf[16];  // (snprintf: GCC 12 flags "i" + std::to_string with a false -Wrestrict)
+  if (mode == n)
+    std::snprintf(buf, sizeof buf, "mma");
+  else
+    std::snprintf(buf, sizeof buf, mode < n ? "%d" : "i%d", mode < n ? mode : mode - n - 1);
+  return buf;
 }
 
 void sweep(const Mat& m, uint32_t seed) {
@@ -103,7 +118,8 @@ void sweep(const Mat& m, uint32_t seed) {
   cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, seed, nullptr);
   cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, seed + 1, nullptr);
   std::vector<int> modes = swept_configs();
-  modes.push_back(cuda::expert_config_count());  // the MMA path, last
+  modes.push_back(cuda::expert_config_count());  // the bf16 MMA path
+  for (int c = 0; c < cuda::expert_imma_config_count(); ++c) modes.push_back(imma_mode(c));  // the IMMA path, last
 
   // (a) parity inputs: 17 tokens top-8 among experts 0 … 15 (each serves ~8 tokens: several token
   // tiles, odd counts); fp64 and plain fp32 references on every 16th row, from the downloaded weights.
@@ -149,7 +165,7 @@ void sweep(const Mat& m, uint32_t seed) {
   // (b) invariance inputs: 17 tokens over all experts, the timed epilogue.
   const Routing irt = random_routing(n, K, m.E, rng);
   const std::vector<float> ix = normal_x(n * m.cols, rng);
-  std::vector<float> y_cfg0;
+  std::vector<float> y_cfg0, y_imma0;
 
   // Timing buffers: up to 1024 tokens (decode, verify trees, prefill chunks).
   const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 1024};
@@ -166,9 +182,9 @@ void sweep(const Mat& m, uint32_t seed) {
   std::printf(" err     bits\n");
   for (const int mode : modes) {
     set_mode(mode);
-    const bool mma = mode == cuda::expert_config_count();
+    const bool mma = mode == cuda::expert_config_count(), imma = mode > cuda::expert_config_count();
     char label[8];
-    std::snprintf(label, sizeof label, "%s", mma ? "mma" : std::to_string(mode).c_str());
+    std::snprintf(label, sizeof label, "%s", mode_label(mode).c_str());
     std::string line = std::string(label) + std::string(5 - std::min<size_t>(4, std::strlen(label)), ' ') + "|";
     for (size_t t = 0; t < ns.size(); ++t) {
       const DevRouting r(trt[t], m.E);
@@ -200,10 +216,11 @@ void sweep(const Mat& m, uint32_t seed) {
     }
     EXPECT_TRUE(same) << m.name << " config " << label << ": a token alone differs from its rows in the batch";
     if (mode == 0) y_cfg0 = yb;
-    const bool as_cfg0 = std::memcmp(yb.data(), y_cfg0.data(), yb.size() * 4) == 0;
-    EXPECT_TRUE(mma || as_cfg0) << m.name << " config " << label << " writes other bits than config 0";
+    if (mode == imma_mode(0)) y_imma0 = yb;
+    const bool as_cfg0 = std::memcmp(yb.data(), (imma ? y_imma0 : y_cfg0).data(), yb.size() * 4) == 0;
+    EXPECT_TRUE(mma || as_cfg0) << m.name << " config " << label << " writes other bits than config " << (imma ? "i0" : "0");
     char tail[48];
-    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", mma ? "" : as_cfg0 ? " =0" : " !=0");
+    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", mma ? "" : as_cfg0 ? (imma ? " =i0" : " =0") : " !=0");
     std::printf("%s%s\n", line.c_str(), tail);
   }
 }
@@ -240,19 +257,25 @@ TEST(CudaExperts, ConfigsPartialTiles) {
   for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
     const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
     const float* init = ep == Epilogue::add ? y0.data() : nullptr;
-    cuda::set_expert_config(0);
+    set_mode(0);
     const std::vector<float> want = run(m, dw, ds, rt, x.data(), ep, init);
     for (size_t j = 0; j < want.size(); ++j) ASSERT_TRUE(std::isfinite(want[j])) << "config 0 left output " << j;
-    for (int c = 1; c < cuda::expert_config_count(); ++c) {
-      cuda::set_expert_config(c);
+    set_mode(imma_mode(0));
+    const std::vector<float> want_imma = run(m, dw, ds, rt, x.data(), ep, init);
+    for (size_t j = 0; j < want_imma.size(); ++j) ASSERT_TRUE(std::isfinite(want_imma[j])) << "IMMA config 0 left output " << j;
+    // Every CUDA-core config == config 0, every IMMA config == IMMA config 0, and a token alone == its rows.
+    for (int mode = 1; mode < imma_mode(cuda::expert_imma_config_count()); ++mode) {
+      if (mode == cuda::expert_config_count()) continue;  // the bf16 MMA path: its own test file
+      set_mode(mode);
       const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, init);
-      ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4)) << "config " << c << " epilogue " << int(ep);
+      const std::vector<float>& ref = mode > cuda::expert_config_count() ? want_imma : want;
+      ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * 4)) << "config " << mode_label(mode) << " epilogue " << int(ep);
       for (int64_t i = 0; i < n; i += 6) {
         const Routing one{1, K, {rt.choice[size_t(i)]}};
         const std::vector<float> y1 =
             run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
         ASSERT_EQ(0, std::memcmp(y1.data(), &y[size_t(i * K * ldy)], size_t(K * ldy) * 4))
-            << "config " << c << " epilogue " << int(ep) << ": token " << i << " alone differs";
+            << "config " << mode_label(mode) << " epilogue " << int(ep) << ": token " << i << " alone differs";
       }
     }
   }
@@ -262,6 +285,8 @@ TEST(CudaExperts, ConfigsPartialTiles) {
 TEST(CudaExperts, ConfigOutOfRange) {
   EXPECT_THROW(cuda::set_expert_config(cuda::expert_config_count()), Error);
   EXPECT_THROW(cuda::set_expert_config(-2), Error);
+  EXPECT_THROW(cuda::set_expert_imma_config(cuda::expert_imma_config_count()), Error);
+  EXPECT_THROW(cuda::set_expert_imma_config(-2), Error);
 }
 
 }  // namespace

@@ -1,20 +1,24 @@
-// The tensor-core path of cuda::expert_linear for INT4 g32 routed experts (mma.cu): parity against
-// fp64 and a plain fp32 loop over dequantised weights at K2's expert shapes (flash-attention rule),
-// bitwise invariance (a token's outputs in a batch == the token alone, whatever else its experts
-// serve and wherever it sits in an expert's token tiles), the epilogues, and a timing printout
-// against the CUDA-core kernel (not asserted). Every test skips without a GPU.
+// The tensor-core paths of cuda::expert_linear for INT4 g32 routed experts — bf16 MMAs (mma.cu, off
+// by default) and integer MMAs (expert_imma.cu, the default): parity against fp64 and a plain fp32
+// loop over dequantised weights at K2's expert shapes (flash-attention rule), also with outlier
+// activations; bitwise invariance (a token's outputs in a batch == the token alone, whatever else
+// its experts serve and wherever it sits in an expert's token tiles), the epilogues, non-finite
+// inputs, and a timing printout against the CUDA-core kernel (not asserted). Every test skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_target.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "expert_routing.h"
 #include "gpu_test_util.h"
 
@@ -28,14 +32,22 @@ using gpu_test::Routing;
 
 using cuda::Epilogue;
 
-struct ExpertMmaScope {  // switches the expert MMA path for one scope, restores it after
-  bool before;
-  explicit ExpertMmaScope(bool on) : before(cuda::expert_mma_enabled()) { cuda::set_expert_mma(on); }
-  ~ExpertMmaScope() { cuda::set_expert_mma(before); }
-  ExpertMmaScope(const ExpertMmaScope&) = delete;
-  ExpertMmaScope& operator=(const ExpertMmaScope&) = delete;
+// Which kernel family expert_linear runs for INT4 experts, set for one scope and restored after.
+enum class Path { cores, bf16_mma, imma };
+const char* path_name(Path p) { return p == Path::cores ? "CUDA-core" : p == Path::bf16_mma ? "bf16 MMA" : "IMMA"; }
+struct PathScope {
+  bool mma = cuda::expert_mma_enabled(), imma = cuda::expert_imma_enabled();
+  explicit PathScope(Path p) {
+    cuda::set_expert_mma(p == Path::bf16_mma);
+    cuda::set_expert_imma(p == Path::imma);
+  }
+  ~PathScope() {
+    cuda::set_expert_mma(mma);
+    cuda::set_expert_imma(imma);
+  }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
 };
-
 
 // E INT4 g32 experts [rows, cols] back to back (words: 8 LSB-first nibbles; bf16 scale per 32).
 struct Experts {
@@ -89,13 +101,17 @@ Routing make_routing(int64_t n, int64_t K, int64_t E, std::mt19937& rng) {
   return r;
 }
 
-void check_experts(int64_t rows, int64_t cols, uint32_t seed) {
+// outliers: every 37th activation × 1000 (the block-floating-point digits of the IMMA path round x
+// relative to its group's largest value).
+void check_experts(Path path, int64_t rows, int64_t cols, uint32_t seed, bool outliers = false) {
   std::mt19937 rng(seed);
-  const int64_t E = 4, K = 2, n = 19;  // expert 0 serves 19 tokens: tiles of 8, 8, 3
+  const int64_t E = 4, K = 2, n = 19;  // expert 0 serves 19 tokens: tiles of 8, 8, 3 (pairs: 9 and 1)
   const Experts ex(E, rows, cols, rng);
   const Routing rt = make_routing(n, K, E, rng);
-  const std::vector<float> x = normal_x(n * cols, rng);
-  ExpertMmaScope on(true);
+  std::vector<float> x = normal_x(n * cols, rng);
+  if (outliers)
+    for (size_t j = 0; j < x.size(); j += 37) x[j] *= 1000.0f;
+  PathScope on(path);
 
   // (a) parity of the store output against fp64 and the plain fp32 loop.
   const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store);
@@ -126,13 +142,13 @@ void check_experts(int64_t rows, int64_t cols, uint32_t seed) {
     den += ref[j] * ref[j];
   }
   const double e_mma = std::sqrt(num / den), e_plain = std::sqrt(nump / den);
-  std::printf("mma experts INT4 %lldx%lld, %lld tokens x %lld: MMA err %.3g, plain fp32 err %.3g\n", (long long)rows,
-              (long long)cols, (long long)n, (long long)K, e_mma, e_plain);
-  EXPECT_LE(e_mma, 2 * e_plain);
+  std::printf("%s experts INT4 %lldx%lld, %lld tokens x %lld%s: err %.3g, plain fp32 err %.3g\n", path_name(path),
+              (long long)rows, (long long)cols, (long long)n, (long long)K, outliers ? " (outliers)" : "", e_mma, e_plain);
+  EXPECT_LE(e_mma, 2 * e_plain) << path_name(path);
   {
-    ExpertMmaScope off(false);
+    PathScope off(Path::cores);
     const std::vector<float> y_core = run(ex, rt, x.data(), Epilogue::store);
-    EXPECT_NE(0, std::memcmp(y.data(), y_core.data(), y.size() * 4)) << "expert MMA switch had no effect";
+    EXPECT_NE(0, std::memcmp(y.data(), y_core.data(), y.size() * 4)) << path_name(path) << " switch had no effect";
   }
 
   // (b) + (c): each token alone (one row an expert, the decode shape) == its rows in the batch, for
@@ -165,13 +181,65 @@ void check_experts(int64_t rows, int64_t cols, uint32_t seed) {
 
 TEST(CudaMmaExperts, ParityInvarianceEpiloguesK2Shapes) {
   REQUIRE_GPU();
-  check_experts(4096, 7168, 301);  // gate/up interleaved: 2 × moe_intermediate × hidden
-  check_experts(7168, 2048, 302);  // down
+  check_experts(Path::bf16_mma, 4096, 7168, 301);  // gate/up interleaved: 2 × moe_intermediate × hidden
+  check_experts(Path::bf16_mma, 7168, 2048, 302);  // down
 }
 
 TEST(CudaMmaExperts, OddRowCount) {
   REQUIRE_GPU();
-  check_experts(102, 96, 303);  // a partial 64-row block and partial 16-row tiles
+  check_experts(Path::bf16_mma, 102, 96, 303);  // a partial 64-row block and partial 16-row tiles
+}
+
+TEST(CudaImmaExperts, ParityInvarianceEpiloguesK2Shapes) {
+  REQUIRE_GPU();
+  check_experts(Path::imma, 4096, 7168, 311);
+  check_experts(Path::imma, 7168, 2048, 312);
+  check_experts(Path::imma, 4096, 7168, 313, true);
+}
+
+// 102 rows (partial tiles and blocks), 96 columns (3 groups: an odd group count, scales not in
+// 16-byte units), 64 columns × 192 rows (the k2-int4 fixture's gate/up), 2080 columns (a 1024-column
+// step, then one of 32 groups, then 1 group).
+TEST(CudaImmaExperts, SmallAndOddShapes) {
+  REQUIRE_GPU();
+  check_experts(Path::imma, 102, 96, 314);
+  check_experts(Path::imma, 192, 64, 315);
+  check_experts(Path::imma, 40, 2080, 316, true);
+}
+
+// Inf or NaN in a token's activations poisons (NaN) that token's outputs and nobody else's.
+TEST(CudaImmaExperts, NonFiniteInputs) {
+  REQUIRE_GPU();
+  std::mt19937 rng(317);
+  const int64_t E = 4, K = 2, n = 5, rows = 64, cols = 2048;
+  const Experts ex(E, rows, cols, rng);
+  const Routing rt = make_routing(n, K, E, rng);
+  std::vector<float> x = normal_x(n * cols, rng);
+  x[size_t(1 * cols + 700)] = std::numeric_limits<float>::infinity();
+  x[size_t(3 * cols + 5)] = std::nanf("");
+  PathScope on(Path::imma);
+  const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < K * rows; ++j) {
+      const float v = y[size_t(i * K * rows + j)];
+      if (i == 1 || i == 3)
+        ASSERT_TRUE(std::isnan(v)) << "token " << i << " output " << j << " = " << v;
+      else
+        ASSERT_TRUE(std::isfinite(v)) << "token " << i << " output " << j << " = " << v;
+    }
+}
+
+// A batch without digit scratch is a clear error, not a crash.
+TEST(CudaImmaExperts, MissingScratchIsAnError) {
+  REQUIRE_GPU();
+  std::mt19937 rng(318);
+  const Experts ex(2, 64, 1024, rng);
+  const DevRouting r(make_routing(3, 2, 2, rng), 2);
+  cuda::ExpertBatch b = r.batch(ex.dw.p, ex.ds.as<uint16_t>(), 2, 64, 1024);
+  b.xq = nullptr;
+  DevBuf dx(3 * 1024 * 4), dy(3 * 2 * 64 * 4);
+  PathScope on(Path::imma);
+  EXPECT_THROW(cuda::expert_linear(b, dx.as<float>(), 1024, dy.as<float>(), 64, Epilogue::store, nullptr), Error);
 }
 
 // Timing printout (not asserted): one gate/up launch over K2's 384 experts (4096 × 7168 INT4 each,
@@ -186,20 +254,20 @@ TEST(CudaMmaExperts, TimingPrintout) {
   cuda::fill_f32(dx.as<float>(), 64 * cols, -1.0f, 1.0f, 13, nullptr);
   std::mt19937 rng(14);
   std::printf("mma experts timing: gate/up 4096x7168 INT4 g32, 384 experts, top-8, median of 21:\n");
-  std::printf("   n | experts | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
+  std::printf("   n | experts | CUDA-core us  GB/s | bf16 MMA us  GB/s | IMMA us  GB/s | IMMA/core\n");
   for (int64_t n : {1, 2, 4, 8, 17, 33}) {
     const DevRouting r(gpu_test::random_routing(n, K, E, rng), E);
     const cuda::ExpertBatch b = r.batch(dw.p, ds.as<uint16_t>(), E, rows, cols);
     const int32_t n_active = r.n_active;
     const double gb = double(n_active) * double(wbytes + sbytes) / 1e9;
-    double t[2];
-    for (int p = 0; p < 2; ++p) {
-      ExpertMmaScope mode(p == 1);
+    double t[3];
+    for (Path p : {Path::cores, Path::bf16_mma, Path::imma}) {
+      PathScope mode(p);
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), cols, dy.as<float>(), rows / 2, Epilogue::swiglu, nullptr); };
-      t[p] = gpu_test::median_us(once);  // µs
+      t[int(p)] = gpu_test::median_us(once);  // µs
     }
-    std::printf("%4lld | %7d | %12.1f %5.0f | %6.1f %5.0f | %.2f\n", (long long)n, n_active, t[0], gb / (t[0] * 1e-6), t[1],
-                gb / (t[1] * 1e-6), t[1] / t[0]);
+    std::printf("%4lld | %7d | %12.1f %5.0f | %11.1f %5.0f | %7.1f %5.0f | %.2f\n", (long long)n, n_active, t[0],
+                gb / (t[0] * 1e-6), t[1], gb / (t[1] * 1e-6), t[2], gb / (t[2] * 1e-6), t[2] / t[0]);
   }
 }
 

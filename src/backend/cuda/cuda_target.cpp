@@ -89,7 +89,8 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   for (void* p : {static_cast<void*>(x), static_cast<void*>(xn), static_cast<void*>(cq), static_cast<void*>(q),
                   static_cast<void*>(kv), static_cast<void*>(attn), static_cast<void*>(qlat), static_cast<void*>(olat), static_cast<void*>(part),
                   static_cast<void*>(h), static_cast<void*>(h2), static_cast<void*>(ys), static_cast<void*>(sh),
-                  static_cast<void*>(rl), static_cast<void*>(wts), static_cast<void*>(xg), static_cast<void*>(chosen),
+                  static_cast<void*>(rl), static_cast<void*>(wts), static_cast<void*>(xg), static_cast<void*>(xq),
+                  static_cast<void*>(xunit), static_cast<void*>(chosen),
                   static_cast<void*>(entry_token), static_cast<void*>(entry_slot), static_cast<void*>(n_active),
                   static_cast<void*>(act_expert), static_cast<void*>(act_off), static_cast<void*>(act_cnt)})
     release(p);
@@ -114,6 +115,11 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   rl = fbuf(std::max<int64_t>(c.n_routed_experts, 1), "router logits");
   wts = fbuf(K, "router weights");
   xg = fbuf(hid, "logit rows");
+  // Digit scratch of the routed experts: gate/up read n token rows of hidden, down n·K slot rows of mi.
+  const int64_t dig_units = std::max(cuda::expert_digit_units(n, hid), cuda::expert_digit_units(n * K, mi));
+  xq = static_cast<int8_t*>(alloc(size_t(std::max(cuda::expert_digit_bytes(n, hid), cuda::expert_digit_bytes(n * K, mi))),
+                                  "expert digits"));
+  xunit = static_cast<uint16_t*>(alloc(size_t(std::max<int64_t>(dig_units, 1)) * 2, "expert digit units"));
   chosen = ibuf(n * K, "chosen");
   entry_token = ibuf(n * K, "entries");
   entry_slot = ibuf(n * K, "entries");
@@ -234,12 +240,16 @@ void CudaTarget::Impl::run(int64_t n, int64_t nt, int64_t max_keys, int64_t n_lo
       gu.out_row = entry_slot;   // … and write its slot i·K + k
       gu.max_active = std::min(E, n * K);
       gu.max_rows_per_expert = n;
+      gu.x_rows = n;
+      gu.xq = xq;
+      gu.xunit = xunit;
       cuda::expert_linear(gu, xn, hid, h, mi, Epilogue::swiglu, s);
       cuda::ExpertBatch dw = gu;
       dw.w = L.exp_down;
       dw.w_stride_bytes = L.down_stride_bytes;
       dw.scale_stride_elems = L.down_scale_stride;
       dw.in_row = entry_slot;
+      dw.x_rows = n * K;
       cuda::expert_linear(dw, h, mi, ys, hid, Epilogue::store, s);
       if (L.has_shared) check(cudaStreamWaitEvent(s, join), "join");
       cuda::moe_combine(x, ys, wts, L.has_shared ? sh : nullptr, n, K, hid, s);

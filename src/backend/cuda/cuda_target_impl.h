@@ -55,6 +55,8 @@ struct CudaTarget::Impl {
   float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
   float *qlat = nullptr, *olat = nullptr, *part = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
   float* xg = nullptr;  // [rows, hidden]: the rows whose logits are asked for, gathered
+  int8_t* xq = nullptr;  // the routed experts' x as digits (cuda::expert_digit_bytes), gate/up or down
+  uint16_t* xunit = nullptr;  // bf16 units of the digits
   // A forward's inputs, one upload: ids | positions | KeyLists (cnt | start | tab | wrow | base |
   // voff) | logit rows, n each, then the block tables (nt) and the visible lists (Staged::pack).
   int32_t* in = nullptr;

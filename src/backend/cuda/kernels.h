@@ -44,8 +44,31 @@ struct ExpertBatch {
   const int32_t* in_row = nullptr, *out_row = nullptr;                          // [entries]
   int64_t max_active = 0;           // grid bound: min(n_experts, rows × top_k)
   int64_t max_rows_per_expert = 1;  // the forward's row count: 1 selects the decode variant
+  // The integer tensor-core path (expert_imma.cu) splits x rows [0, x_rows) into digits first:
+  // scratch of expert_digit_bytes(x_rows, w.cols) bytes (16-byte aligned) and
+  // expert_digit_units(x_rows, w.cols) bf16 units, owned by the caller (a forward keeps one for all layers).
+  int64_t x_rows = 0;
+  int8_t* xq = nullptr;
+  uint16_t* xunit = nullptr;
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
+
+// INT4 experts on the integer tensor cores (expert_imma.cu: exact s8 × s8 MMAs of 16·(nibble − 8)
+// and four base-256 digits of x, block floating point per group of 32; fp32 accumulation over
+// groups): the path expert_linear takes for INT4 experts unless switched off (set_expert_imma(false),
+// KDTREE_CUDA_EXPERT_IMMA=0, read once) or a CUDA-core config is forced (set_expert_config(c ≥ 0),
+// KDTREE_CUDA_EXPERT_CONFIG: sweeps of those kernels). Every token count takes the same path, so
+// rows stay bit-identical whatever the batch. Its tile configs all write the same bits; the rule picks
+// one, KDTREE_CUDA_IMMA_CONFIG (read once) or set_expert_imma_config(c) force one (−1: the rule).
+int64_t expert_digit_bytes(int64_t rows, int64_t cols);
+int64_t expert_digit_units(int64_t rows, int64_t cols);
+bool expert_imma_enabled();
+void set_expert_imma(bool on);
+int expert_imma_config_count();
+int expert_imma_config();
+void set_expert_imma_config(int c);
+std::string expert_imma_describe(int cfg);  // tile, registers, occupancy
+void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
 // Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 … 15
 // the shared-memory staged kernel in several tile/stage shapes, 16 … the lean staged kernel: fewer

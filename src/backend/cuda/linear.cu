@@ -727,12 +727,16 @@ void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   if (b.max_active <= 0) return;
   check_shape(b.w, x, ldx, "expert_linear");
-  if (expert_linear_mma(b, x, ldx, y, ldy, ep, s)) return;  // tensor cores when switched on (mma.cu)
+  if (expert_linear_mma(b, x, ldx, y, ldy, ep, s)) return;  // bf16 tensor cores when switched on (mma.cu)
+  const int forced = expert_config();
+  if (b.w.int4 && forced < 0 && expert_imma_enabled()) {  // integer tensor cores (expert_imma.cu)
+    expert_linear_imma(b, x, ldx, y, ldy, ep, s);
+    return;
+  }
   const dim3 block(kWarps * 32);
   const unsigned gy = unsigned(b.max_active);
   // One token per expert (decode) needs no M-tile; wider tiles share each weight load across rows.
   const bool single = b.max_rows_per_expert <= 1;
-  const int forced = expert_config();
   // By the matrix and the batch (every lean config writes the same bits): token pairs pay off once
   // most experts serve two or more rows — the sweep's crossover is between 17 and 33 rows for
   // gate/up, between 33 and 128 for down.

@@ -1,0 +1,442 @@
+// INT4 g32 routed experts on the integer tensor cores (mma.sync m16n8k32, s8 × s8 → s32): the
+// default path of cuda::expert_linear for INT4 experts (kernels.h: expert_imma_enabled).
+//
+// Why: the CUDA-core kernels (linear.cu) spend ≈ 2.5 issued instructions a weight and token (unpack
+// + one FFMA a weight), which makes them issue-bound at ≈ 80 % of the issue slots for the k2-slice
+// verify — their time follows the SM clock, not the memory. Here a weight costs ≈ 0.4 instructions
+// of unpacking (8 nibbles → two s8x4 registers in 3 integer ops) and one m16n8k32 MMA serves a whole
+// group of 32 columns × 16 weight rows × 2 tokens; the per-group epilogue (≈ 8 instructions a lane for
+// 16 rows) is what is left.
+//
+// Exact integer products. Activations are split once per row (digits_kernel) into block floating
+// point: for each group of 32 columns, e = the exponent with max|x| < 2^e, x_int = rint(x · 2^(30 − e))
+// (|x_int| ≤ 2^30: 30 bits relative to the group's largest value, more than fp32's 24 for every
+// element within 2^6 of it), written as four balanced base-256 digits d0 … d3 (s8), x_int =
+// d0 + 2^8 d1 + 2^16 d2 + 2^24 d3. The weight nibble n becomes the s8 16·(n − 8) (the nibble moved to
+// the byte's high half, its top bit flipped: exact). One MMA gives, per weight row and digit, the
+// exact integer Σ 16(n − 8)·d over the group (|·| ≤ 2^19); a lane then holds two digits of one token
+// and forms low = c(d0) + 256 c(d1) or high = c(d2) + 256 c(d3) (exact in int32), converts it to fp32
+// and adds scale · unit × it to its fp32 accumulator (unit = 2^(e − 34), the 2^-30 of x_int and the
+// 16 of the weights; scale · unit is exact). After the last group y = high · 2^16 + low, one
+// rounding. Error: x's rounding at 2^-31 of its group's maximum, plus fp32 accumulation over groups
+// (the parity test checks it against fp64 and a plain fp32 loop). Non-finite x makes the group's
+// unit NaN, so the outputs that read it are NaN.
+//
+// MMA orientation (PTX fragment layouts of m16n8k32 .s8): A = 16 weight rows × the group's 32
+// columns, B = the group × 8 columns = 2 tokens × 4 digits, D = 16 × 8 int32. The k positions of the
+// MMA are a fixed permutation of the group's columns, the same for A and B: lane (g = lane / 4,
+// t = lane % 4) holds word t of its rows' group (columns 8t … 8t + 7); its even-nibble byte vector
+// (columns 8t, 8t + 2, 8t + 4, 8t + 6) is k = 4t … 4t + 3, its odd one k = 16 + 4t …; the digit
+// layout below stores each token's digits in exactly that order, so B is one 8-byte load a lane.
+// Weights reach the A fragments with ldmatrix from a swizzled shared-memory stage (16-byte unit u of
+// row r at unit u ^ (r & 7): the 8 rows of an ldmatrix phase hit 8 different bank groups).
+//
+// Row invariance: an output's value depends on its weight row, its own token's digits and the group
+// order only — integer MMAs are exact, so neither the other token of a pair nor the tile nor the
+// block configuration can change a bit (tests/gpu/test_cuda_expert_imma.cpp asserts it bitwise).
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace kd::cuda {
+
+namespace {
+
+constexpr int kDigits = 4;                  // base-256 digits an activation
+constexpr int kGroupBytes = kDigits * 32;   // one row's digits of one group: [digit][32 columns]
+constexpr int kMinExp = -60;                // groups with max|x| < 2^-60 are scaled as if it were 2^-60
+
+// x_int = rint(x · 2^(30 − e)) → byte (digit) layout of one group: column c = 8t + 2i + h sits at
+// byte 8t + 4h + i of each digit's 32 bytes (lane t's B registers: h = 0 first, then h = 1).
+__host__ __device__ constexpr int digit_pos(int c) { return 8 * (c >> 3) + 4 * (c & 1) + ((c & 7) >> 1); }
+
+// Units a row: groups rounded up to 8, so each row's bf16 units start 16-byte aligned.
+__host__ __device__ constexpr int64_t unit_pitch(int64_t groups) { return (groups + 7) / 8 * 8; }
+
+// One warp per (row, group), lane = column. q [rows][groups][4][32] s8, unit [rows][unit_pitch] bf16
+// (2^(e − 34): a power of two, exact in bf16).
+__global__ void digits_kernel(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t groups,
+                              int8_t* __restrict__ q, uint16_t* __restrict__ unit) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (w >= rows * groups) return;  // whole warps: w is the same for the 32 lanes
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t r = w / groups, G = w % groups;
+  const float v = x[r * ldx + G * 32 + lane];
+  const bool bad = __any_sync(0xffffffffu, !isfinite(v));
+  const float m = warp_max(fabsf(v));
+  int e = kMinExp;
+  if (!bad && m > 0.0f) {
+    frexpf(m, &e);  // m = f · 2^e, f ∈ [0.5, 1): m < 2^e
+    e = max(e, kMinExp);
+  }
+  // 2^(30 − e) and 2^(e − 34) are normal for e ∈ [−60, 128]; v · 2^(30 − e) is exact and < 2^30. The
+  // kernel multiplies the unit by a weight scale in bf16 (exact, a power of two) — normal for scales
+  // ≥ 2^-32.
+  const float scale = __int_as_float((127 + 30 - e) << 23);
+  const int32_t xi = bad ? 0 : __float2int_rn(__fmul_rn(v, scale));
+  // Balanced digits: d0 = the low byte read as s8, then the rest shifted down (exact: divisible).
+  const int32_t d0 = int32_t(int8_t(xi & 0xff)), r1 = (xi - d0) >> 8;
+  const int32_t d1 = int32_t(int8_t(r1 & 0xff)), r2 = (r1 - d1) >> 8;
+  const int32_t d2 = int32_t(int8_t(r2 & 0xff)), d3 = (r2 - d2) >> 8;  // |d3| ≤ 65
+  int8_t* out = q + w * kGroupBytes + digit_pos(lane);
+  out[0] = int8_t(d0);
+  out[32] = int8_t(d1);
+  out[64] = int8_t(d2);
+  out[96] = int8_t(d3);
+  if (lane == 0) unit[r * unit_pitch(groups) + G] = bad ? uint16_t(0x7fc0) : uint16_t(((127 + e - 34) << 23) >> 16);
+}
+
+// Block of W warps, each owning RT tiles of 16 weight rows; ST shared-memory stages of one
+// 1024-column step (32 groups): weights [rows][32 × 16 B] swizzled, scales [rows][80 B] (64 used:
+// the 80-byte pitch puts the 8 rows a lane group reads on different banks), the token pair's digits
+// [2][32 groups][128 B] and units [2][32] fp32.
+template <int W, int RT, int ST>
+struct Imma {
+  static constexpr int rows = W * 16 * RT, threads = W * 32;
+  static constexpr int w_bytes = rows * 512, s_pitch = 80, s_bytes = rows * s_pitch;
+  static constexpr int x_bytes = 2 * 32 * kGroupBytes, u_bytes = 2 * 32 * 2;
+  static constexpr int stage = w_bytes + s_bytes + x_bytes + u_bytes, smem = ST * stage;
+  static_assert(ST >= 2, "double buffering at least");
+};
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+// The 8 nibbles of word w as two s8x4 vectors of 16·(n − 8): even nibbles (columns 8t, +2, +4, +6)
+// and odd ones; the nibble moved to the byte's high half with its top bit flipped.
+// (a & m) ^ f in one LOP3: m and f go in registers (one instruction takes one immediate only).
+__device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t m, uint32_t f) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;\n" : "=r"(r) : "r"(a), "r"(m), "r"(f));
+  return r;
+}
+__device__ __forceinline__ uint32_t s8_even(uint32_t w, uint32_t m, uint32_t f) { return and_xor(w << 4, m, f); }
+__device__ __forceinline__ uint32_t s8_odd(uint32_t w, uint32_t m, uint32_t f) { return and_xor(w, m, f); }
+// Two bf16 products a · b (b a power of two: exact unless subnormal), as bf16x2.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+  return r;
+}
+
+// grid (ceil(rows / Imma::rows), max_active); block W warps; dynamic shared memory Imma::smem.
+template <int W, int RT, int ST>
+__global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, float* y, int64_t ldy, int ep) {
+  using C = Imma<W, RT, ST>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int a = int(blockIdx.y);
+  if (a >= *b.n_active) return;
+  const int64_t e = b.act_expert[a], nrows = b.w.rows, groups = b.w.cols / 32;
+  const int off = b.act_off[a], cnt = b.act_cnt[a];
+  const int64_t tile0 = int64_t(blockIdx.x) * C::rows;
+  const uint8_t* wb = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
+  const uint16_t* sb = b.w.scales + e * b.scale_stride_elems;
+  const int S = int((groups + 31) / 32), nsteps = (cnt + 1) / 2 * S;
+  // 16-byte scale copies need whole 8-group units and aligned rows; small models take plain loads.
+  const bool scales16 = groups % 8 == 0 && (reinterpret_cast<uintptr_t>(sb) & 15) == 0;
+  const int tid = int(threadIdx.x);
+
+  const int lane = tid & 31, warp = tid >> 5;
+  // Issue side. Thread (warp, lane) copies 16-byte unit `lane` of rows warp + k·W (k < 16·RT) and
+  // the scale units i = tid + k·threads (k < 2·RT); its addresses are set up once here, so a step
+  // costs a few instructions a copy and no global load (the token pair's digit rows are looked up
+  // once a pair, the units come by cp.async too).
+  const int64_t rb = groups * 16;  // weight bytes a row
+  const bool full_tile = tile0 + C::rows <= nrows;
+  const uint8_t* wsrc = wb + min(tile0 + warp, nrows - 1) * rb + lane * 16;  // row warp (k = 0), step 0
+  const uint16_t* ssrc[2 * RT];
+#pragma unroll
+  for (int k = 0; k < 2 * RT; ++k) {
+    const int i = tid + k * C::threads;
+    ssrc[k] = sb + min(tile0 + (i >> 2), nrows - 1) * groups + (i & 3) * 8;
+  }
+  int ip = 0, is = 0, imc = 0;  // issue side: token pair, column step, tokens in the pair
+  const int8_t* xsrc[2];        // the pair's digit rows and unit rows (group 0)
+  const uint16_t* usrc[2];
+  auto pair_rows = [&] {
+    imc = min(2, cnt - 2 * ip);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int64_t row = b.in_row[off + 2 * ip + min(m, imc - 1)];
+      xsrc[m] = b.xq + row * groups * kGroupBytes;
+      usrc[m] = b.xunit + row * unit_pitch(groups);
+    }
+  };
+  if (nsteps > 0) pair_rows();
+  // Step j (pair ip, column step is) into stage j % ST; then advance (ip, is).
+  auto issue = [&](int j) {
+    if (j < nsteps) {
+      uint8_t* st = smem + (j % ST) * C::stage;
+      const int s = is, ng = int(min(int64_t(32), groups - 32 * int64_t(s)));
+      if (full_tile && ng == 32) {
+        const uint8_t* src = wsrc + int64_t(s) * 512;
+#pragma unroll
+        for (int k = 0; k < 16 * RT; ++k) {
+          const int r = warp + k * W;
+          cp16(st + r * 512 + ((lane ^ (r & 7)) << 4), src + k * W * rb);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 16 * RT; ++k) {
+          const int r = warp + k * W;  // a partial last tile re-reads the last row
+          if (lane < ng)
+            cp16(st + r * 512 + ((lane ^ (r & 7)) << 4), wb + min(tile0 + r, nrows - 1) * rb + (int64_t(s) * 32 + lane) * 16);
+        }
+      }
+      uint8_t* ss = st + C::w_bytes;
+      if (scales16) {
+#pragma unroll
+        for (int k = 0; k < 2 * RT; ++k) {
+          const int i = tid + k * C::threads;
+          if ((i & 3) * 8 < ng) cp16(ss + (i >> 2) * C::s_pitch + (i & 3) * 16, ssrc[k] + s * 32);
+        }
+      } else {  // small models: plain loads (cp.async needs 4-byte pieces)
+        for (int i = tid; i < C::rows * ng; i += C::threads) {
+          const int r = i / ng, gi = i % ng;
+          reinterpret_cast<uint16_t*>(ss + r * C::s_pitch)[gi] = sb[min(tile0 + r, nrows - 1) * groups + s * 32 + gi];
+        }
+      }
+      uint8_t* xs = ss + C::s_bytes;
+      uint8_t* us = xs + C::x_bytes;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        if (m >= imc) break;
+        const int8_t* xsm = xsrc[m] + int64_t(s) * 32 * kGroupBytes;
+        for (int i = tid; i < ng * 8; i += C::threads) cp16(xs + m * (32 * kGroupBytes) + i * 16, xsm + i * 16);
+        if (tid * 8 < ng) cp16(us + m * 64 + tid * 16, usrc[m] + int64_t(s) * 32 + tid * 8);  // padded rows
+      }
+      if (++is == S) {
+        is = 0;
+        ++ip;
+        if (2 * ip < cnt) pair_rows();
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");  // empty groups too: wait_group counts steps
+  };
+#pragma unroll
+  for (int j = 0; j < ST - 1; ++j) issue(j);
+
+  const int g = lane >> 2, t = lane & 3;
+  float acc[RT][2];
+  int p = 0, s = 0;  // token pair and column step of step j
+#pragma unroll 1
+  for (int j = 0; j < nsteps; ++j) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
+    __syncthreads();  // step j visible to all; everyone is done with step j − 1's stage
+    issue(j + ST - 1);
+    const uint8_t* st = smem + (j % ST) * C::stage;
+    const int ng = int(min(int64_t(32), groups - 32 * int64_t(s))), mc = min(2, cnt - 2 * p);
+    if (s == 0)
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) acc[rt][0] = acc[rt][1] = 0.0f;
+    // B column g = token g / 4, digit g % 4 (a lone token fills both halves); C columns 2t, 2t + 1 =
+    // token t / 2, digits 2(t % 2) and 2(t % 2) + 1.
+    const uint8_t* xb = st + C::w_bytes + C::s_bytes + min(g >> 2, mc - 1) * (32 * kGroupBytes) + (g & 3) * 32 + t * 8;
+    const uint16_t* ub = reinterpret_cast<const uint16_t*>(st + C::w_bytes + C::s_bytes + C::x_bytes) + min(t >> 1, mc - 1) * 32;
+    const uint32_t m4 = 0xf0f0f0f0u, f8 = 0x80808080u;
+    // Groups gi and gi + 1 (the latter only if `second`): one ldmatrix, two MMAs per 16-row tile.
+    auto pair = [&](int gi, bool second) {
+      const uint2 b0 = *reinterpret_cast<const uint2*>(xb + gi * kGroupBytes);
+      const uint2 b1 = *reinterpret_cast<const uint2*>(xb + (gi + 1) * kGroupBytes);
+      const uint32_t u = *reinterpret_cast<const uint32_t*>(ub + gi);  // units of groups gi, gi + 1 (bf16x2)
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const int r0 = (warp * RT + rt) * 16;  // the tile's first row in the block
+        // ldmatrix x4: lanes 8i … 8i + 7 address matrix i's rows: (rows 0–7 | 8–15) × (group gi | gi + 1).
+        const int lr = r0 + (lane & 7) + ((lane >> 3) & 1) * 8, lu = gi + (lane >> 4);
+        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(st + lr * 512 + ((lu ^ (lr & 7)) << 4)));
+        uint32_t w[4];  // word t of: row g group gi, row g + 8 group gi, row g group gi + 1, row g + 8 group gi + 1
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                     : "r"(addr));
+        const uint8_t* srow = st + C::w_bytes + (r0 + g) * C::s_pitch + gi * 2;
+        // scale · unit of row g | g + 8, groups gi (low half) and gi + 1 (high half).
+        const uint32_t sc0 = bf16x2_mul(*reinterpret_cast<const uint32_t*>(srow), u);
+        const uint32_t sc8 = bf16x2_mul(*reinterpret_cast<const uint32_t*>(srow + 8 * C::s_pitch), u);
+        {
+          const uint32_t fa[4] = {s8_even(w[0], m4, f8), s8_even(w[1], m4, f8), s8_odd(w[0], m4, f8), s8_odd(w[1], m4, f8)};
+          int c[4];
+          mma_s8(c, fa, b0.x, b0.y);
+          acc[rt][0] = fmaf(bf16_lo(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][0]);
+          acc[rt][1] = fmaf(bf16_lo(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][1]);
+        }
+        if (second) {
+          const uint32_t fa[4] = {s8_even(w[2], m4, f8), s8_even(w[3], m4, f8), s8_odd(w[2], m4, f8), s8_odd(w[3], m4, f8)};
+          int c[4];
+          mma_s8(c, fa, b1.x, b1.y);
+          acc[rt][0] = fmaf(bf16_hi(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][0]);
+          acc[rt][1] = fmaf(bf16_hi(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][1]);
+        }
+      }
+    };
+    if ((ng & 1) == 0) {  // every group count of K2 (no branch inside: the unrolled pairs interleave)
+#pragma unroll 4
+      for (int gi = 0; gi < ng; gi += 2) pair(gi, true);
+    } else {
+      for (int gi = 0; gi < ng; gi += 2) pair(gi, gi + 1 < ng);
+    }
+    if (s == S - 1) {
+      // Lane t even holds token t / 2's low part, lane t + 1 its high part: y = high · 2^16 + low.
+      const int m = t >> 1;
+      const bool mine = (t & 1) == 0 && m < mc;
+      float* yr = y + int64_t(b.out_row[off + 2 * p + min(m, mc - 1)]) * ldy;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float hi = __shfl_xor_sync(0xffffffffu, acc[rt][h], 1);
+          const float v = fmaf(hi, 65536.0f, acc[rt][h]);  // meaningful in the even lanes
+          const int64_t row = tile0 + (warp * RT + rt) * 16 + g + 8 * h;
+          if (ep == int(Epilogue::swiglu)) {
+            const float up = __shfl_xor_sync(0xffffffffu, v, 4);  // row ^ 1 sits 4 lanes away
+            if (mine && (g & 1) == 0 && row + 1 < nrows) yr[row / 2] = v / (1.0f + expf(-v)) * up;
+          } else if (mine && row < nrows) {
+            yr[row] = ep == int(Epilogue::add) ? __fadd_rn(yr[row], v) : v;
+          }
+        }
+      s = 0;
+      ++p;
+    } else {
+      ++s;
+    }
+  }
+}
+
+struct ImmaConfig {
+  int W, RT, ST;
+};
+// Tile shapes (all write the same bits); shared memory a block = ST × (W·RT·16 rows × 592 B + 8.4 KB).
+constexpr ImmaConfig kImma[] = {
+    {4, 1, 2},  // 0: 64 rows, 92 KB → 2 blocks an SM
+    {2, 1, 3},  // 1: 32 rows, 82 KB → 2 blocks
+    {2, 1, 2},  // 2: 32 rows, 55 KB → 4 blocks
+    {4, 1, 3},  // 3: 64 rows, 139 KB → 1 block
+    {2, 2, 2},  // 4: 64 rows with 2 warps, 92 KB → 2 blocks
+    {8, 1, 2},  // 5: 128 rows, 168 KB → 1 block, 8 warps
+};
+constexpr int kImmaConfigs = int(sizeof(kImma) / sizeof(kImma[0]));
+constexpr int kImmaRule = 2;  // 4 blocks × 2 warps an SM beat 2 × 4 and 1 × 8 at every batch (docs/perf.md)
+
+template <class F>
+void with_imma(int cfg, F&& f) {
+#define KD_IMMA(i)                                                                                  \
+  case i:                                                                                           \
+    f(std::integral_constant<int, kImma[i].W>{}, std::integral_constant<int, kImma[i].RT>{},        \
+      std::integral_constant<int, kImma[i].ST>{});                                                  \
+    return;
+  switch (cfg) {
+    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2) KD_IMMA(3) KD_IMMA(4) KD_IMMA(5)
+    default:
+      fail("CUDA expert IMMA config ", cfg, " does not exist (0 … ", kImmaConfigs - 1, ")");
+  }
+#undef KD_IMMA
+}
+static_assert(kImmaConfigs == 6, "with_imma lists every config");
+
+std::atomic<int> g_imma_override{-1};  // -1: the environment (KDTREE_CUDA_EXPERT_IMMA, on unless 0)
+std::atomic<int> g_imma_config{-2};    // -2: the environment (KDTREE_CUDA_IMMA_CONFIG); -1: the rule
+
+}  // namespace
+
+int64_t expert_digit_bytes(int64_t rows, int64_t cols) { return rows * (cols / 32) * kGroupBytes; }
+int64_t expert_digit_units(int64_t rows, int64_t cols) { return rows * unit_pitch(cols / 32); }
+
+bool expert_imma_enabled() {
+  const int o = g_imma_override.load();
+  if (o >= 0) return o == 1;
+  static const int from_env = [] {
+    const char* e = std::getenv("KDTREE_CUDA_EXPERT_IMMA");
+    if (e == nullptr || *e == '\0') return 1;
+    const std::string v(e);
+    if (v == "0") return 0;
+    if (v == "1") return 1;
+    fail("KDTREE_CUDA_EXPERT_IMMA must be 0 or 1, not '", v, "'");
+  }();
+  return from_env == 1;
+}
+void set_expert_imma(bool on) { g_imma_override.store(on ? 1 : 0); }
+
+int expert_imma_config_count() { return kImmaConfigs; }
+int expert_imma_config() {
+  int c = g_imma_config.load();
+  if (c == -2) {
+    c = -1;
+    const char* e = std::getenv("KDTREE_CUDA_IMMA_CONFIG");
+    if (e != nullptr && *e != '\0') {
+      char* end = nullptr;
+      const long l = std::strtol(e, &end, 10);
+      if (*end != '\0' || l < 0 || l >= kImmaConfigs)
+        fail("KDTREE_CUDA_IMMA_CONFIG='", e, "' is not an expert IMMA config (0 … ", kImmaConfigs - 1, ")");
+      c = int(l);
+    }
+    g_imma_config.store(c);
+  }
+  return c;
+}
+void set_expert_imma_config(int c) {
+  if (c < -1 || c >= kImmaConfigs) fail("CUDA expert IMMA config ", c, " does not exist (0 … ", kImmaConfigs - 1, ")");
+  g_imma_config.store(c);
+}
+
+void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  const int64_t groups = b.w.cols / 32;
+  if (b.xq == nullptr || b.xunit == nullptr)
+    fail("CUDA expert_linear (IMMA): the batch has no digit scratch (ExpertBatch::xq / xunit, ", "expert_digit_bytes)");
+  if (b.x_rows <= 0) fail("CUDA expert_linear (IMMA): ExpertBatch::x_rows (rows of x the entries read) is not set");
+  if (b.w_stride_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(b.w.w) % 16 != 0)
+    fail("CUDA expert_linear (IMMA): expert weights are not 16-byte aligned (stride ", b.w_stride_bytes, " bytes)");
+  const int64_t warps = b.x_rows * groups;
+  digits_kernel<<<unsigned((warps * 32 + 255) / 256), 256, 0, s>>>(x, ldx, b.x_rows, groups, b.xq, b.xunit);
+  check_launch("expert digits");
+  // Rule (H200 sweep, docs/perf.md): config kImmaRule for every matrix and batch.
+  const int forced = expert_imma_config();
+  with_imma(forced >= 0 ? forced : kImmaRule, [&](auto w, auto rt, auto st) {
+    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value;
+    using C = Imma<W, RT, ST>;
+    constexpr auto k = expert_imma_kernel<W, RT, ST>;
+    static const bool attr_set = [] {  // above 48 KB of dynamic shared memory needs the opt-in
+      check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
+      return true;
+    }();
+    (void)attr_set;
+    const dim3 grid(unsigned((b.w.rows + C::rows - 1) / C::rows), unsigned(b.max_active));
+    k<<<grid, C::threads, C::smem, s>>>(b, y, ldy, int(ep));
+  });
+  check_launch("expert_linear (IMMA)");
+}
+
+std::string expert_imma_describe(int cfg) {
+  std::string out;
+  with_imma(cfg, [&](auto w, auto rt, auto st) {
+    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value;
+    using C = Imma<W, RT, ST>;
+    constexpr auto k = expert_imma_kernel<W, RT, ST>;
+    cudaFuncAttributes fa{};
+    check(cudaFuncGetAttributes(&fa, k), "cudaFuncGetAttributes");
+    check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, C::threads, C::smem), "occupancy");
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "IMMA W%d RT%d ST%d (%d rows): %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM",
+                  W, RT, ST, C::rows, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks,
+                  double(blocks) * (ST - 1) * (C::w_bytes + C::s_bytes) / 1024.0);
+    out = buf;
+  });
+  return out;
+}
+
+}  // namespace kd::cuda
