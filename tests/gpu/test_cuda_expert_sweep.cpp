@@ -168,7 +168,7 @@ void sweep(const Mat& m, uint32_t seed) {
   std::vector<float> y_cfg0, y_imma0;
 
   // Timing buffers: up to 1024 tokens (decode, verify trees, prefill chunks).
-  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 1024};
+  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 256, 512, 1024};
   const int64_t nmax = ns.back();
   DevBuf dx(size_t(nmax * m.cols) * 4), dy(size_t(nmax * K * m.ldy()) * 4);
   cuda::fill_f32(dx.as<float>(), nmax * m.cols, -1.0f, 1.0f, seed + 2, nullptr);

@@ -42,6 +42,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace kd::cuda {
 
@@ -93,13 +94,14 @@ __global__ void digits_kernel(const float* __restrict__ x, int64_t ldx, int64_t 
 
 // Block of W warps, each owning RT tiles of 16 weight rows; ST shared-memory stages of one
 // 1024-column step (32 groups): weights [rows][32 × 16 B] swizzled, scales [rows][80 B] (64 used:
-// the 80-byte pitch puts the 8 rows a lane group reads on different banks), the token pair's digits
-// [2][32 groups][128 B] and units [2][32] fp32.
-template <int W, int RT, int ST>
+// the 80-byte pitch puts the 8 rows a lane group reads on different banks), the pass's digits
+// [2·MP tokens][32 groups][128 B] and units [2·MP][32] bf16. A pass is MP token pairs: each unpacked
+// weight fragment serves MP MMAs (wide batches: prefill, large trees).
+template <int W, int RT, int ST, int MP>
 struct Imma {
-  static constexpr int rows = W * 16 * RT, threads = W * 32;
+  static constexpr int rows = W * 16 * RT, threads = W * 32, T = 2 * MP;
   static constexpr int w_bytes = rows * 512, s_pitch = 80, s_bytes = rows * s_pitch;
-  static constexpr int x_bytes = 2 * 32 * kGroupBytes, u_bytes = 2 * 32 * 2;
+  static constexpr int x_bytes = T * 32 * kGroupBytes, u_bytes = T * 32 * 2;
   static constexpr int stage = w_bytes + s_bytes + x_bytes + u_bytes, smem = ST * stage;
   static_assert(ST >= 2, "double buffering at least");
 };
@@ -134,9 +136,10 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 }
 
 // grid (ceil(rows / Imma::rows), max_active); block W warps; dynamic shared memory Imma::smem.
-template <int W, int RT, int ST>
+template <int W, int RT, int ST, int MP>
 __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, float* y, int64_t ldy, int ep) {
-  using C = Imma<W, RT, ST>;
+  using C = Imma<W, RT, ST, MP>;
+  constexpr int T = C::T;
   extern __shared__ __align__(128) uint8_t smem[];
   const int a = int(blockIdx.y);
   if (a >= *b.n_active) return;
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   const int64_t tile0 = int64_t(blockIdx.x) * C::rows;
   const uint8_t* wb = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
   const uint16_t* sb = b.w.scales + e * b.scale_stride_elems;
-  const int S = int((groups + 31) / 32), nsteps = (cnt + 1) / 2 * S;
+  const int S = int((groups + 31) / 32), nsteps = (cnt + T - 1) / T * S;
   // 16-byte scale copies need whole 8-group units and aligned rows; small models take plain loads.
   const bool scales16 = groups % 8 == 0 && (reinterpret_cast<uintptr_t>(sb) & 15) == 0;
   const int tid = int(threadIdx.x);
@@ -153,8 +156,8 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   const int lane = tid & 31, warp = tid >> 5;
   // Issue side. Thread (warp, lane) copies 16-byte unit `lane` of rows warp + k·W (k < 16·RT) and
   // the scale units i = tid + k·threads (k < 2·RT); its addresses are set up once here, so a step
-  // costs a few instructions a copy and no global load (the token pair's digit rows are looked up
-  // once a pair, the units come by cp.async too).
+  // costs a few instructions a copy and no global load (the pass's digit rows are looked up once a
+  // pass, the units come by cp.async too).
   const int64_t rb = groups * 16;  // weight bytes a row
   const bool full_tile = tile0 + C::rows <= nrows;
   const uint8_t* wsrc = wb + min(tile0 + warp, nrows - 1) * rb + lane * 16;  // row warp (k = 0), step 0
@@ -164,20 +167,20 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
     const int i = tid + k * C::threads;
     ssrc[k] = sb + min(tile0 + (i >> 2), nrows - 1) * groups + (i & 3) * 8;
   }
-  int ip = 0, is = 0, imc = 0;  // issue side: token pair, column step, tokens in the pair
-  const int8_t* xsrc[2];        // the pair's digit rows and unit rows (group 0)
-  const uint16_t* usrc[2];
-  auto pair_rows = [&] {
-    imc = min(2, cnt - 2 * ip);
+  int ip = 0, is = 0, imc = 0;  // issue side: pass, column step, tokens in the pass
+  const int8_t* xsrc[T];        // the pass's digit rows and unit rows (group 0)
+  const uint16_t* usrc[T];
+  auto pass_rows = [&] {
+    imc = min(T, cnt - T * ip);
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const int64_t row = b.in_row[off + 2 * ip + min(m, imc - 1)];
+    for (int m = 0; m < T; ++m) {
+      const int64_t row = b.in_row[off + T * ip + min(m, imc - 1)];
       xsrc[m] = b.xq + row * groups * kGroupBytes;
       usrc[m] = b.xunit + row * unit_pitch(groups);
     }
   };
-  if (nsteps > 0) pair_rows();
-  // Step j (pair ip, column step is) into stage j % ST; then advance (ip, is).
+  if (nsteps > 0) pass_rows();
+  // Step j (pass ip, column step is) into stage j % ST; then advance (ip, is).
   auto issue = [&](int j) {
     if (j < nsteps) {
       uint8_t* st = smem + (j % ST) * C::stage;
@@ -213,7 +216,7 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
       uint8_t* xs = ss + C::s_bytes;
       uint8_t* us = xs + C::x_bytes;
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < T; ++m) {
         if (m >= imc) break;
         const int8_t* xsm = xsrc[m] + int64_t(s) * 32 * kGroupBytes;
         for (int i = tid; i < ng * 8; i += C::threads) cp16(xs + m * (32 * kGroupBytes) + i * 16, xsm + i * 16);
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
       if (++is == S) {
         is = 0;
         ++ip;
-        if (2 * ip < cnt) pair_rows();
+        if (T * ip < cnt) pass_rows();
       }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");  // empty groups too: wait_group counts steps
@@ -231,28 +234,44 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   for (int j = 0; j < ST - 1; ++j) issue(j);
 
   const int g = lane >> 2, t = lane & 3;
-  float acc[RT][2];
-  int p = 0, s = 0;  // token pair and column step of step j
+  float acc[RT][MP][2];
+  int p = 0, s = 0;  // pass and column step of step j
 #pragma unroll 1
   for (int j = 0; j < nsteps; ++j) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
     __syncthreads();  // step j visible to all; everyone is done with step j − 1's stage
     issue(j + ST - 1);
     const uint8_t* st = smem + (j % ST) * C::stage;
-    const int ng = int(min(int64_t(32), groups - 32 * int64_t(s))), mc = min(2, cnt - 2 * p);
+    const int ng = int(min(int64_t(32), groups - 32 * int64_t(s))), mc = min(T, cnt - T * p);
     if (s == 0)
 #pragma unroll
-      for (int rt = 0; rt < RT; ++rt) acc[rt][0] = acc[rt][1] = 0.0f;
-    // B column g = token g / 4, digit g % 4 (a lone token fills both halves); C columns 2t, 2t + 1 =
-    // token t / 2, digits 2(t % 2) and 2(t % 2) + 1.
-    const uint8_t* xb = st + C::w_bytes + C::s_bytes + min(g >> 2, mc - 1) * (32 * kGroupBytes) + (g & 3) * 32 + t * 8;
-    const uint16_t* ub = reinterpret_cast<const uint16_t*>(st + C::w_bytes + C::s_bytes + C::x_bytes) + min(t >> 1, mc - 1) * 32;
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int q = 0; q < MP; ++q) acc[rt][q][0] = acc[rt][q][1] = 0.0f;
+    // Pair q's B column g = token 2q + g / 4, digit g % 4 (a missing token repeats the last one); its
+    // C columns 2t, 2t + 1 = token 2q + t / 2, digits 2(t % 2) and 2(t % 2) + 1.
+    const uint8_t* xb[MP];
+    const uint16_t* ub[MP];
+#pragma unroll
+    for (int q = 0; q < MP; ++q) {
+      xb[q] = st + C::w_bytes + C::s_bytes + min(2 * q + (g >> 2), mc - 1) * (32 * kGroupBytes) + (g & 3) * 32 + t * 8;
+      ub[q] = reinterpret_cast<const uint16_t*>(st + C::w_bytes + C::s_bytes + C::x_bytes) + min(2 * q + (t >> 1), mc - 1) * 32;
+    }
+    const int pairs = (mc + 1) / 2;  // token pairs present in this pass (warp-uniform)
     const uint32_t m4 = 0xf0f0f0f0u, f8 = 0x80808080u;
-    // Groups gi and gi + 1 (the latter only if `second`): one ldmatrix, two MMAs per 16-row tile.
-    auto pair = [&](int gi, bool second) {
-      const uint2 b0 = *reinterpret_cast<const uint2*>(xb + gi * kGroupBytes);
-      const uint2 b1 = *reinterpret_cast<const uint2*>(xb + (gi + 1) * kGroupBytes);
-      const uint32_t u = *reinterpret_cast<const uint32_t*>(ub + gi);  // units of groups gi, gi + 1 (bf16x2)
+    // Groups gi and gi + 1 (the latter only if `second`): one ldmatrix and `pairs` MMAs a group per
+    // 16-row tile; full: all MP pairs present (no branch in the unrolled loop: branches kept the
+    // pairs of groups from interleaving, +19 % at MP = 1).
+    auto pair = [&](int gi, bool second, auto full) {
+      constexpr bool kFull = decltype(full)::value;
+      uint2 b0[MP], b1[MP];
+      uint32_t u[MP];  // units of groups gi, gi + 1 (bf16x2)
+#pragma unroll
+      for (int q = 0; q < MP; ++q) {
+        b0[q] = *reinterpret_cast<const uint2*>(xb[q] + gi * kGroupBytes);
+        b1[q] = *reinterpret_cast<const uint2*>(xb[q] + (gi + 1) * kGroupBytes);
+        u[q] = *reinterpret_cast<const uint32_t*>(ub[q] + gi);
+      }
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
         const int r0 = (warp * RT + rt) * 16;  // the tile's first row in the block
@@ -264,50 +283,64 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
                      : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                      : "r"(addr));
         const uint8_t* srow = st + C::w_bytes + (r0 + g) * C::s_pitch + gi * 2;
-        // scale · unit of row g | g + 8, groups gi (low half) and gi + 1 (high half).
-        const uint32_t sc0 = bf16x2_mul(*reinterpret_cast<const uint32_t*>(srow), u);
-        const uint32_t sc8 = bf16x2_mul(*reinterpret_cast<const uint32_t*>(srow + 8 * C::s_pitch), u);
+        const uint32_t s0 = *reinterpret_cast<const uint32_t*>(srow);                  // row g: groups gi, gi + 1
+        const uint32_t s8 = *reinterpret_cast<const uint32_t*>(srow + 8 * C::s_pitch);  // row g + 8
         {
           const uint32_t fa[4] = {s8_even(w[0], m4, f8), s8_even(w[1], m4, f8), s8_odd(w[0], m4, f8), s8_odd(w[1], m4, f8)};
-          int c[4];
-          mma_s8(c, fa, b0.x, b0.y);
-          acc[rt][0] = fmaf(bf16_lo(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][0]);
-          acc[rt][1] = fmaf(bf16_lo(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][1]);
+#pragma unroll
+          for (int q = 0; q < MP; ++q) {
+            if (!kFull && q > 0 && q >= pairs) break;
+            // scale · unit of row g | g + 8, groups gi (low half) and gi + 1 (high half).
+            const uint32_t sc0 = bf16x2_mul(s0, u[q]), sc8 = bf16x2_mul(s8, u[q]);
+            int c[4];
+            mma_s8(c, fa, b0[q].x, b0[q].y);
+            acc[rt][q][0] = fmaf(bf16_lo(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][q][0]);
+            acc[rt][q][1] = fmaf(bf16_lo(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][q][1]);
+          }
         }
         if (second) {
           const uint32_t fa[4] = {s8_even(w[2], m4, f8), s8_even(w[3], m4, f8), s8_odd(w[2], m4, f8), s8_odd(w[3], m4, f8)};
-          int c[4];
-          mma_s8(c, fa, b1.x, b1.y);
-          acc[rt][0] = fmaf(bf16_hi(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][0]);
-          acc[rt][1] = fmaf(bf16_hi(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][1]);
+#pragma unroll
+          for (int q = 0; q < MP; ++q) {
+            if (!kFull && q > 0 && q >= pairs) break;
+            const uint32_t sc0 = bf16x2_mul(s0, u[q]), sc8 = bf16x2_mul(s8, u[q]);
+            int c[4];
+            mma_s8(c, fa, b1[q].x, b1[q].y);
+            acc[rt][q][0] = fmaf(bf16_hi(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][q][0]);
+            acc[rt][q][1] = fmaf(bf16_hi(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][q][1]);
+          }
         }
       }
     };
-    if ((ng & 1) == 0) {  // every group count of K2 (no branch inside: the unrolled pairs interleave)
+    if ((ng & 1) == 0 && pairs == MP) {  // every group count of K2, a full pass
 #pragma unroll 4
-      for (int gi = 0; gi < ng; gi += 2) pair(gi, true);
+      for (int gi = 0; gi < ng; gi += 2) pair(gi, true, std::true_type{});
     } else {
-      for (int gi = 0; gi < ng; gi += 2) pair(gi, gi + 1 < ng);
+      for (int gi = 0; gi < ng; gi += 2) pair(gi, gi + 1 < ng, std::false_type{});
     }
     if (s == S - 1) {
-      // Lane t even holds token t / 2's low part, lane t + 1 its high part: y = high · 2^16 + low.
-      const int m = t >> 1;
-      const bool mine = (t & 1) == 0 && m < mc;
-      float* yr = y + int64_t(b.out_row[off + 2 * p + min(m, mc - 1)]) * ldy;
+      // Lane t even holds token 2q + t / 2's low part, lane t + 1 its high part: y = high · 2^16 + low.
 #pragma unroll
-      for (int rt = 0; rt < RT; ++rt)
+      for (int q = 0; q < MP; ++q) {
+        if (q >= pairs) break;
+        const int m = 2 * q + (t >> 1);
+        const bool mine = (t & 1) == 0 && m < mc;
+        float* yr = y + int64_t(b.out_row[off + T * p + min(m, mc - 1)]) * ldy;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float hi = __shfl_xor_sync(0xffffffffu, acc[rt][h], 1);
-          const float v = fmaf(hi, 65536.0f, acc[rt][h]);  // meaningful in the even lanes
-          const int64_t row = tile0 + (warp * RT + rt) * 16 + g + 8 * h;
-          if (ep == int(Epilogue::swiglu)) {
-            const float up = __shfl_xor_sync(0xffffffffu, v, 4);  // row ^ 1 sits 4 lanes away
-            if (mine && (g & 1) == 0 && row + 1 < nrows) yr[row / 2] = v / (1.0f + expf(-v)) * up;
-          } else if (mine && row < nrows) {
-            yr[row] = ep == int(Epilogue::add) ? __fadd_rn(yr[row], v) : v;
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float hi = __shfl_xor_sync(0xffffffffu, acc[rt][q][h], 1);
+            const float v = fmaf(hi, 65536.0f, acc[rt][q][h]);  // meaningful in the even lanes
+            const int64_t row = tile0 + (warp * RT + rt) * 16 + g + 8 * h;
+            if (ep == int(Epilogue::swiglu)) {
+              const float up = __shfl_xor_sync(0xffffffffu, v, 4);  // row ^ 1 sits 4 lanes away
+              if (mine && (g & 1) == 0 && row + 1 < nrows) yr[row / 2] = v / (1.0f + expf(-v)) * up;
+            } else if (mine && row < nrows) {
+              yr[row] = ep == int(Epilogue::add) ? __fadd_rn(yr[row], v) : v;
+            }
           }
-        }
+      }
       s = 0;
       ++p;
     } else {
@@ -317,35 +350,42 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
 }
 
 struct ImmaConfig {
-  int W, RT, ST;
+  int W, RT, ST, MP;
 };
-// Tile shapes (all write the same bits); shared memory a block = ST × (W·RT·16 rows × 592 B + 8.4 KB).
+// Tile shapes (all write the same bits); shared memory a block = ST × (W·RT·16 rows × 592 B + MP · 8.4 KB).
 constexpr ImmaConfig kImma[] = {
-    {4, 1, 2},  // 0: 64 rows, 92 KB → 2 blocks an SM
-    {2, 1, 3},  // 1: 32 rows, 82 KB → 2 blocks
-    {2, 1, 2},  // 2: 32 rows, 55 KB → 4 blocks
-    {4, 1, 3},  // 3: 64 rows, 139 KB → 1 block
-    {2, 2, 2},  // 4: 64 rows with 2 warps, 92 KB → 2 blocks
-    {8, 1, 2},  // 5: 128 rows, 168 KB → 1 block, 8 warps
+    {4, 1, 2, 1},  // 0: 64 rows, 92 KB → 2 blocks an SM
+    {2, 1, 3, 1},  // 1: 32 rows, 82 KB → 2 blocks
+    {2, 1, 2, 1},  // 2: 32 rows, 55 KB → 4 blocks
+    {4, 1, 3, 1},  // 3: 64 rows, 139 KB → 1 block
+    {2, 2, 2, 1},  // 4: 64 rows with 2 warps, 92 KB → 2 blocks
+    {8, 1, 2, 1},  // 5: 128 rows, 168 KB → 1 block, 8 warps
+    {2, 1, 2, 2},  // 6: 4 tokens a pass, 32 rows, 71 KB → 3 blocks
+    {4, 1, 2, 2},  // 7: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
+    {2, 1, 2, 4},  // 8: 8 tokens a pass, 32 rows, 104 KB → 2 blocks
 };
 constexpr int kImmaConfigs = int(sizeof(kImma) / sizeof(kImma[0]));
-constexpr int kImmaRule = 2;  // 4 blocks × 2 warps an SM beat 2 × 4 and 1 × 8 at every batch (docs/perf.md)
+// The rule (H200 sweep, docs/perf.md): config 2 (4 blocks × 2 warps an SM: faster than 2 × 4 and 1 × 8
+// at every batch); config 7 (4 tokens a pass) once the forward has ≥ kImmaWideGateUpRows rows (gate/up,
+// rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound.
+constexpr int kImmaRule = 2, kImmaWide = 7;
+constexpr int64_t kImmaWideGateUpRows = 128, kImmaWideDownRows = 256;
 
 template <class F>
 void with_imma(int cfg, F&& f) {
 #define KD_IMMA(i)                                                                                  \
   case i:                                                                                           \
     f(std::integral_constant<int, kImma[i].W>{}, std::integral_constant<int, kImma[i].RT>{},        \
-      std::integral_constant<int, kImma[i].ST>{});                                                  \
+      std::integral_constant<int, kImma[i].ST>{}, std::integral_constant<int, kImma[i].MP>{});      \
     return;
   switch (cfg) {
-    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2) KD_IMMA(3) KD_IMMA(4) KD_IMMA(5)
+    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2) KD_IMMA(3) KD_IMMA(4) KD_IMMA(5) KD_IMMA(6) KD_IMMA(7) KD_IMMA(8)
     default:
       fail("CUDA expert IMMA config ", cfg, " does not exist (0 … ", kImmaConfigs - 1, ")");
   }
 #undef KD_IMMA
 }
-static_assert(kImmaConfigs == 6, "with_imma lists every config");
+static_assert(kImmaConfigs == 9, "with_imma lists every config");
 
 std::atomic<int> g_imma_override{-1};  // -1: the environment (KDTREE_CUDA_EXPERT_IMMA, on unless 0)
 std::atomic<int> g_imma_config{-2};    // -2: the environment (KDTREE_CUDA_IMMA_CONFIG); -1: the rule
@@ -402,12 +442,13 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
   const int64_t warps = b.x_rows * groups;
   digits_kernel<<<unsigned((warps * 32 + 255) / 256), 256, 0, s>>>(x, ldx, b.x_rows, groups, b.xq, b.xunit);
   check_launch("expert digits");
-  // Rule (H200 sweep, docs/perf.md): config kImmaRule for every matrix and batch.
   const int forced = expert_imma_config();
-  with_imma(forced >= 0 ? forced : kImmaRule, [&](auto w, auto rt, auto st) {
-    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value;
-    using C = Imma<W, RT, ST>;
-    constexpr auto k = expert_imma_kernel<W, RT, ST>;
+  const bool down = b.w.rows > b.w.cols;
+  const bool wide = b.max_rows_per_expert >= (down ? kImmaWideDownRows : kImmaWideGateUpRows);
+  with_imma(forced >= 0 ? forced : wide ? kImmaWide : kImmaRule, [&](auto w, auto rt, auto st, auto mp) {
+    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
+    using C = Imma<W, RT, ST, MP>;
+    constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;
     static const bool attr_set = [] {  // above 48 KB of dynamic shared memory needs the opt-in
       check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
       return true;
@@ -421,18 +462,18 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
 
 std::string expert_imma_describe(int cfg) {
   std::string out;
-  with_imma(cfg, [&](auto w, auto rt, auto st) {
-    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value;
-    using C = Imma<W, RT, ST>;
-    constexpr auto k = expert_imma_kernel<W, RT, ST>;
+  with_imma(cfg, [&](auto w, auto rt, auto st, auto mp) {
+    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
+    using C = Imma<W, RT, ST, MP>;
+    constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;
     cudaFuncAttributes fa{};
     check(cudaFuncGetAttributes(&fa, k), "cudaFuncGetAttributes");
     check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
     int blocks = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, C::threads, C::smem), "occupancy");
     char buf[160];
-    std::snprintf(buf, sizeof buf, "IMMA W%d RT%d ST%d (%d rows): %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM",
-                  W, RT, ST, C::rows, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks,
+    std::snprintf(buf, sizeof buf, "IMMA W%d RT%d ST%d MP%d (%d rows): %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM",
+                  W, RT, ST, MP, C::rows, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks,
                   double(blocks) * (ST - 1) * (C::w_bytes + C::s_bytes) / 1024.0);
     out = buf;
   });

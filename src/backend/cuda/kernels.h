@@ -58,8 +58,10 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
 // groups): the path expert_linear takes for INT4 experts unless switched off (set_expert_imma(false),
 // KDTREE_CUDA_EXPERT_IMMA=0, read once) or a CUDA-core config is forced (set_expert_config(c ≥ 0),
 // KDTREE_CUDA_EXPERT_CONFIG: sweeps of those kernels). Every token count takes the same path, so
-// rows stay bit-identical whatever the batch. Its tile configs all write the same bits; the rule picks
-// one, KDTREE_CUDA_IMMA_CONFIG (read once) or set_expert_imma_config(c) force one (−1: the rule).
+// rows stay bit-identical whatever the batch. Its tile configs (tile rows, stages, tokens a pass) all
+// write the same bits, so the rule may pick one by the matrix and the forward's row count
+// (max_rows_per_expert); KDTREE_CUDA_IMMA_CONFIG (read once) or set_expert_imma_config(c) force one
+// (−1: the rule).
 int64_t expert_digit_bytes(int64_t rows, int64_t cols);
 int64_t expert_digit_units(int64_t rows, int64_t cols);
 bool expert_imma_enabled();
