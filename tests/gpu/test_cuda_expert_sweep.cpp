@@ -1,12 +1,13 @@
-// Sweep of the CUDA-core INT4 expert kernel configs (cuda::set_expert_config, linear.cu) at Kimi K2's
-// routed-expert shapes — gate/up 4096 × 7168 (swiglu) and down 7168 × 2048 (store), 384 experts,
-// top-8 random routing, n = 1 … 1024 tokens: µs and GB/s a launch (CUDA events, median of 21 after 3
-// warm-ups; GB = distinct experts × their weight + scale bytes), for the configs in swept_configs()
-// (config 0, the staged 1 and 15, and the lean configs 16 …; the others were swept in
-// notes/logs/expert-sweep-1.log and are still checked bit for bit by ConfigsPartialTiles) plus the
-// expert MMA path for comparison. Asserted per config: (a) parity of the store output against fp64 on
-// sampled rows ≤ 2× a plain fp32 loop's error, (b) each token's rows of a 17-token batch == the token
-// alone (bitwise), (c) the CUDA-core configs all write config 0's bits. Skips without a GPU.
+// Sweep of the INT4 expert kernel configs at Kimi K2's routed-expert shapes — gate/up 4096 × 7168
+// (swiglu) and down 7168 × 2048 (store), 384 experts, top-8 random routing, n = 1 … 1024 tokens: µs
+// and GB/s a launch (CUDA events, median of 21 after 3 warm-ups; GB = distinct experts × their weight
+// + scale bytes), for the CUDA-core configs in swept_configs() (cuda::set_expert_config, linear.cu:
+// config 0, the staged 1 and 15, and the lean configs 16 …; the others were swept in
+// notes/logs/expert-sweep-1.log and are still checked bit for bit by ConfigsPartialTiles) and every
+// config of the integer tensor-core path (i0 …, cuda::set_expert_imma_config, expert_imma.cu).
+// Asserted per config: (a) parity of the store output against fp64 on sampled rows ≤ 2× a plain
+// fp32 loop's error, (b) each token's rows of a 17-token batch == the token alone (bitwise), (c) the
+// CUDA-core configs all write config 0's bits, the IMMA configs all IMMA config 0's. Skips without a GPU.
 // Run: kdtree_gpu_tests --gtest_filter=CudaExperts.ConfigSweep
 #include <gtest/gtest.h>
 
@@ -39,11 +40,10 @@ using cuda::Epilogue;
 
 // Restores the expert paths' switches and configs when the test ends.
 struct ModeScope {
-  bool mma = cuda::expert_mma_enabled(), imma = cuda::expert_imma_enabled();
+  bool imma = cuda::expert_imma_enabled();
   int cfg = cuda::expert_config(), icfg = cuda::expert_imma_config();
   ModeScope() = default;
   ~ModeScope() {
-    cuda::set_expert_mma(mma);
     cuda::set_expert_config(cfg);
     cuda::set_expert_imma(imma);
     cuda::set_expert_imma_config(icfg);
@@ -92,23 +92,19 @@ std::vector<int> swept_configs() {
   return c;
 }
 
-// modes: 0 … count − 1 the CUDA-core configs, count the bf16 expert MMA path, count + 1 + c the
-// integer tensor-core path's config c (expert_imma.cu).
-int imma_mode(int c) { return cuda::expert_config_count() + 1 + c; }
+// modes: 0 … count − 1 the CUDA-core configs, count + c the integer tensor-core path's config c
+// (expert_imma.cu).
+int imma_mode(int c) { return cuda::expert_config_count() + c; }
 void set_mode(int mode) {
   const int n = cuda::expert_config_count();
-  cuda::set_expert_mma(mode == n);
   cuda::set_expert_config(mode < n ? mode : -1);
-  cuda::set_expert_imma(mode > n);
-  cuda::set_expert_imma_config(mode > n ? mode - n - 1 : -1);
+  cuda::set_expert_imma(mode >= n);
+  cuda::set_expert_imma_config(mode >= n ? mode - n : -1);
 }
 std::string mode_label(int mode) {
   const int n = cuda::expert_config_count();
   char buf[16];  // (snprintf: GCC 12 flags "i" + std::to_string with a false -Wrestrict)
-  if (mode == n)
-    std::snprintf(buf, sizeof buf, "mma");
-  else
-    std::snprintf(buf, sizeof buf, mode < n ? "%d" : "i%d", mode < n ? mode : mode - n - 1);
+  std::snprintf(buf, sizeof buf, mode < n ? "%d" : "i%d", mode < n ? mode : mode - n);
   return buf;
 }
 
@@ -118,7 +114,6 @@ void sweep(const Mat& m, uint32_t seed) {
   cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, seed, nullptr);
   cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, seed + 1, nullptr);
   std::vector<int> modes = swept_configs();
-  modes.push_back(cuda::expert_config_count());  // the bf16 MMA path
   for (int c = 0; c < cuda::expert_imma_config_count(); ++c) modes.push_back(imma_mode(c));  // the IMMA path, last
 
   // (a) parity inputs: 17 tokens top-8 among experts 0 … 15 (each serves ~8 tokens: several token
@@ -182,7 +177,7 @@ void sweep(const Mat& m, uint32_t seed) {
   std::printf(" err     bits\n");
   for (const int mode : modes) {
     set_mode(mode);
-    const bool mma = mode == cuda::expert_config_count(), imma = mode > cuda::expert_config_count();
+    const bool imma = mode >= cuda::expert_config_count();
     char label[8];
     std::snprintf(label, sizeof label, "%s", mode_label(mode).c_str());
     std::string line = std::string(label) + std::string(5 - std::min<size_t>(4, std::strlen(label)), ' ') + "|";
@@ -218,9 +213,9 @@ void sweep(const Mat& m, uint32_t seed) {
     if (mode == 0) y_cfg0 = yb;
     if (mode == imma_mode(0)) y_imma0 = yb;
     const bool as_cfg0 = std::memcmp(yb.data(), (imma ? y_imma0 : y_cfg0).data(), yb.size() * 4) == 0;
-    EXPECT_TRUE(mma || as_cfg0) << m.name << " config " << label << " writes other bits than config " << (imma ? "i0" : "0");
+    EXPECT_TRUE(as_cfg0) << m.name << " config " << label << " writes other bits than config " << (imma ? "i0" : "0");
     char tail[48];
-    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", mma ? "" : as_cfg0 ? (imma ? " =i0" : " =0") : " !=0");
+    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", as_cfg0 ? (imma ? " =i0" : " =0") : " !=0");
     std::printf("%s%s\n", line.c_str(), tail);
   }
 }
@@ -244,7 +239,6 @@ TEST(CudaExperts, ConfigSweep) {
 TEST(CudaExperts, ConfigsPartialTiles) {
   REQUIRE_GPU();
   ModeScope restore;
-  cuda::set_expert_mma(false);
   std::mt19937 rng(511);
   const Mat m{"small", 4, 102, 2048, Epilogue::store};
   DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
@@ -265,10 +259,9 @@ TEST(CudaExperts, ConfigsPartialTiles) {
     for (size_t j = 0; j < want_imma.size(); ++j) ASSERT_TRUE(std::isfinite(want_imma[j])) << "IMMA config 0 left output " << j;
     // Every CUDA-core config == config 0, every IMMA config == IMMA config 0, and a token alone == its rows.
     for (int mode = 1; mode < imma_mode(cuda::expert_imma_config_count()); ++mode) {
-      if (mode == cuda::expert_config_count()) continue;  // the bf16 MMA path: its own test file
       set_mode(mode);
       const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, init);
-      const std::vector<float>& ref = mode > cuda::expert_config_count() ? want_imma : want;
+      const std::vector<float>& ref = mode >= cuda::expert_config_count() ? want_imma : want;
       ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * 4)) << "config " << mode_label(mode) << " epilogue " << int(ep);
       for (int64_t i = 0; i < n; i += 6) {
         const Routing one{1, K, {rt.choice[size_t(i)]}};

@@ -1,10 +1,9 @@
-// The tensor-core paths of cuda::expert_linear for INT4 g32 routed experts — bf16 MMAs (mma.cu, off
-// by default) and integer MMAs (expert_imma.cu, the default): parity against fp64 and a plain fp32
-// loop over dequantised weights at K2's expert shapes (flash-attention rule), also with outlier
-// activations; bitwise invariance (a token's outputs in a batch == the token alone, whatever else
-// its experts serve and wherever it sits in an expert's token tiles), the epilogues, non-finite
-// inputs, and a timing printout against the CUDA-core kernel (not asserted). Every test skips
-// without a GPU.
+// The integer tensor-core path of cuda::expert_linear for INT4 g32 routed experts (expert_imma.cu,
+// the default): parity against fp64 and a plain fp32 loop over dequantised weights at K2's expert
+// shapes (flash-attention rule), also with outlier activations; bitwise invariance (a token's outputs
+// in a batch == the token alone, whatever else its experts serve and wherever it sits in an expert's
+// token passes), the epilogues, odd shapes, non-finite inputs, a missing scratch, and a timing
+// printout against the CUDA-core kernel (not asserted). Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,18 +32,12 @@ using gpu_test::Routing;
 using cuda::Epilogue;
 
 // Which kernel family expert_linear runs for INT4 experts, set for one scope and restored after.
-enum class Path { cores, bf16_mma, imma };
-const char* path_name(Path p) { return p == Path::cores ? "CUDA-core" : p == Path::bf16_mma ? "bf16 MMA" : "IMMA"; }
+enum class Path { cores, imma };
+const char* path_name(Path p) { return p == Path::cores ? "CUDA-core" : "IMMA"; }
 struct PathScope {
-  bool mma = cuda::expert_mma_enabled(), imma = cuda::expert_imma_enabled();
-  explicit PathScope(Path p) {
-    cuda::set_expert_mma(p == Path::bf16_mma);
-    cuda::set_expert_imma(p == Path::imma);
-  }
-  ~PathScope() {
-    cuda::set_expert_mma(mma);
-    cuda::set_expert_imma(imma);
-  }
+  bool imma = cuda::expert_imma_enabled();
+  explicit PathScope(Path p) { cuda::set_expert_imma(p == Path::imma); }
+  ~PathScope() { cuda::set_expert_imma(imma); }
   PathScope(const PathScope&) = delete;
   PathScope& operator=(const PathScope&) = delete;
 };
@@ -179,17 +172,6 @@ void check_experts(Path path, int64_t rows, int64_t cols, uint32_t seed, bool ou
   }
 }
 
-TEST(CudaMmaExperts, ParityInvarianceEpiloguesK2Shapes) {
-  REQUIRE_GPU();
-  check_experts(Path::bf16_mma, 4096, 7168, 301);  // gate/up interleaved: 2 × moe_intermediate × hidden
-  check_experts(Path::bf16_mma, 7168, 2048, 302);  // down
-}
-
-TEST(CudaMmaExperts, OddRowCount) {
-  REQUIRE_GPU();
-  check_experts(Path::bf16_mma, 102, 96, 303);  // a partial 64-row block and partial 16-row tiles
-}
-
 TEST(CudaImmaExperts, ParityInvarianceEpiloguesK2Shapes) {
   REQUIRE_GPU();
   check_experts(Path::imma, 4096, 7168, 311);
@@ -244,7 +226,7 @@ TEST(CudaImmaExperts, MissingScratchIsAnError) {
 
 // Timing printout (not asserted): one gate/up launch over K2's 384 experts (4096 × 7168 INT4 each,
 // 5.6 GB), n tokens routed uniformly at random top-8, CUDA events, median of 21 after 3 warm-ups.
-TEST(CudaMmaExperts, TimingPrintout) {
+TEST(CudaImmaExperts, TimingPrintout) {
   REQUIRE_GPU();
   const int64_t E = 384, rows = 4096, cols = 7168, K = 8;
   const int64_t wbytes = rows * cols / 2, sbytes = rows * (cols / 32) * 2;
@@ -253,21 +235,21 @@ TEST(CudaMmaExperts, TimingPrintout) {
   cuda::fill_bf16(ds.as<uint16_t>(), E * sbytes / 2, 0.01f, 12, nullptr);
   cuda::fill_f32(dx.as<float>(), 64 * cols, -1.0f, 1.0f, 13, nullptr);
   std::mt19937 rng(14);
-  std::printf("mma experts timing: gate/up 4096x7168 INT4 g32, 384 experts, top-8, median of 21:\n");
-  std::printf("   n | experts | CUDA-core us  GB/s | bf16 MMA us  GB/s | IMMA us  GB/s | IMMA/core\n");
+  std::printf("expert timing: gate/up 4096x7168 INT4 g32, 384 experts, top-8, median of 21:\n");
+  std::printf("   n | experts | CUDA-core us  GB/s | IMMA us  GB/s | IMMA/core\n");
   for (int64_t n : {1, 2, 4, 8, 17, 33}) {
     const DevRouting r(gpu_test::random_routing(n, K, E, rng), E);
     const cuda::ExpertBatch b = r.batch(dw.p, ds.as<uint16_t>(), E, rows, cols);
     const int32_t n_active = r.n_active;
     const double gb = double(n_active) * double(wbytes + sbytes) / 1e9;
-    double t[3];
-    for (Path p : {Path::cores, Path::bf16_mma, Path::imma}) {
+    double t[2];
+    for (Path p : {Path::cores, Path::imma}) {
       PathScope mode(p);
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), cols, dy.as<float>(), rows / 2, Epilogue::swiglu, nullptr); };
       t[int(p)] = gpu_test::median_us(once);  // µs
     }
-    std::printf("%4lld | %7d | %12.1f %5.0f | %11.1f %5.0f | %7.1f %5.0f | %.2f\n", (long long)n, n_active, t[0],
-                gb / (t[0] * 1e-6), t[1], gb / (t[1] * 1e-6), t[2], gb / (t[2] * 1e-6), t[2] / t[0]);
+    std::printf("%4lld | %7d | %12.1f %5.0f | %7.1f %5.0f | %.2f\n", (long long)n, n_active, t[0], gb / (t[0] * 1e-6), t[1],
+                gb / (t[1] * 1e-6), t[1] / t[0]);
   }
 }
 

@@ -117,6 +117,8 @@ struct CudaTarget::Impl {
   void run_graphed(int64_t n, int64_t keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
                    float* taps_dev);
   void drop_graphs();
+  // Whether run_graphed(n, …) without taps would replay a captured graph now.
+  bool graph_captured(int64_t n, bool all_logits, bool want_logits) const;
   // Cache rows src[k] → dst[k] of every layer, in k order (DDTree compaction; queued, no sync).
   void copy_rows(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   void decode_step();  // n = 1, causal, inputs and start on the device; the argmax becomes the next id

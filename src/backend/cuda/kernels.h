@@ -115,12 +115,6 @@ int mma_config_count();
 const char* mma_config_name(int c);
 int mma_config();
 void set_mma_config(int c);
-// The same for INT4 routed experts (expert_linear(); W4A16 through bf16 MMAs: nibbles − 8 exact in
-// bf16, each group's 32 columns into a fresh fragment, times the group scale into fp32): its own
-// switch, set_expert_mma(true) or KDTREE_CUDA_MMA_EXPERTS=1, off by default; every token count.
-void set_expert_mma(bool on);
-bool expert_mma_enabled();
-bool expert_linear_mma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
 // out[i, d] = table[ids[i], d] as fp32 (bf16 table [vocab, dim]).
 void embed(const uint16_t* table, int64_t dim, const int32_t* ids, int64_t n, float* out, cudaStream_t s);

@@ -727,7 +727,6 @@ void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   if (b.max_active <= 0) return;
   check_shape(b.w, x, ldx, "expert_linear");
-  if (expert_linear_mma(b, x, ldx, y, ldy, ep, s)) return;  // bf16 tensor cores when switched on (mma.cu)
   const int forced = expert_config();
   if (b.w.int4 && forced < 0 && expert_imma_enabled()) {  // integer tensor cores (expert_imma.cu)
     expert_linear_imma(b, x, ldx, y, ldy, ep, s);

@@ -1,7 +1,7 @@
-// Tensor-core paths (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights
-// (switch: set_mma / KDTREE_CUDA_MMA) and of cuda::expert_linear for INT4 g32 experts (switch:
-// set_expert_mma / KDTREE_CUDA_MMA_EXPERTS). Once on, a path serves every M, 1 included, so a row's
-// bits never depend on the batch (DESIGN.md §2).
+// Tensor-core path (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights
+// (switch: set_mma / KDTREE_CUDA_MMA). Once on, it serves every M, 1 included, so a row's bits never
+// depend on the batch (DESIGN.md §2). (INT4 experts: expert_imma.cu; a bf16-MMA expert kernel that
+// lived here was removed once the integer one beat it at every batch — docs/perf.md.)
 //
 // Orientation: the MMA's 16 "rows" are 16 weight rows (outputs), its 8 "columns" are 8 token rows,
 // D[16 × 8] = W[16 × k16] · xᵀ[k16 × 8]. The k16 step's 16 positions are a fixed permutation of the
@@ -29,11 +29,7 @@
 // never how: an MMA output element depends only on its own row of A, column of B and accumulator
 // (the hardware's contract as we read it; tests/gpu/test_cuda_mma*.cpp check it bit for bit).
 // Inputs with Inf give NaN here (x − hi is Inf − Inf); the CUDA-core path may give ±Inf.
-//
-// INT4 experts: the same tiles with A = (nibble − 8) as bf16 (exact); a group of 32 columns is one
-// k32 block, whose 6 MMAs (2 steps × 3 parts) go into a fresh fragment that is then scaled by the
-// row's group scale into the fp32 accumulator (fmaf). Up to 8 token rows of an expert share each
-// weight load (the CUDA-core kernel re-reads the expert from L2 for every later row).
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
@@ -75,15 +71,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// INT4 nibbles → the A operand: bf16x2 (e_j − 8, e_{j+4} − 8) of an 8-nibble word (LSB first), exact:
-// 0x4300 | n is the bf16 128 + n, and (128 + n) · 1 − 136 is an integer in [−8, 7].
-__device__ __forceinline__ uint32_t nibble_pair(uint32_t q, int j) {
-  const uint32_t v = ((q >> (4 * j)) & 0x000f000fu) | 0x43004300u;
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3f803f80u), "r"(0xc308c308u));
-  return r;
 }
 
 // x of one k32 block at physical column k (= kb · 32 + 8t) for NT token tiles: xv[nt] = the 8
@@ -252,66 +239,6 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
   }
 }
 
-// One warp's share of a 16·RT (weight rows) × 8 (tokens) INT4 tile: groups of 32 in runs of U
-// consecutive groups (runs w, w + KS, …, so a warp's 4-byte word loads fill whole sectors); a group's
-// 6 MMAs (2 steps × 3 parts) go into a fresh fragment, then acc = fma(scale, it, acc) — the group's
-// scale is per row. Step s: logical columns 2t, 2t+1 | 2t+8, 2t+9 are nibbles 2s, 2s+4 | 2s+1, 2s+5
-// of the word.
-template <int RT, int KS, int U>
-__device__ __forceinline__ void int4_warp(const uint32_t* w32, const uint16_t* sbase, int64_t rows, int64_t K, int64_t row0,
-                                          const float* const (&xr)[1], float (&acc)[RT][1][4], int warp, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  int64_t wrow[RT][2];  // this lane's weight rows g and g + 8 of each 16-row tile (clamped)
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) wrow[rt][h] = min(row0 + rt * 16 + g + 8 * h, rows - 1);
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.0f;
-  const int64_t nkb = (K + 31) / 32;  // INT4 groups
-  const int64_t words = K / 8;
-  for (int64_t kb0 = int64_t(warp) * U; kb0 < nkb; kb0 += int64_t(U) * KS) {
-    uint32_t wq[U][RT][2];
-    uint16_t ws[U][RT][2];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kb = kb0 + u;
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          wq[u][rt][h] = kb < nkb ? __ldg(w32 + wrow[rt][h] * words + kb * 4 + t) : 0u;
-          ws[u][rt][h] = kb < nkb ? __ldg(sbase + wrow[rt][h] * nkb + kb) : uint16_t(0);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kb = kb0 + u;
-      if (kb >= nkb) break;  // warp-uniform
-      float4 xv[1][2];
-      uint32_t bf[1][2][3][2];
-      x_load<1>(xr, K, kb * 32 + 8 * t, xv);
-      x_split<true, 1>(xv, bf);
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        const uint32_t qg = wq[u][rt][0], qg8 = wq[u][rt][1];
-        const float sg = bf16_f(ws[u][rt][0]), sg8 = bf16_f(ws[u][rt][1]);
-        const uint32_t a0[4] = {nibble_pair(qg, 0), nibble_pair(qg8, 0), nibble_pair(qg, 1), nibble_pair(qg8, 1)};
-        const uint32_t a1[4] = {nibble_pair(qg, 2), nibble_pair(qg8, 2), nibble_pair(qg, 3), nibble_pair(qg8, 3)};
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma3(d, a0, bf[0][0]);
-        mma3(d, a1, bf[0][1]);
-        acc[rt][0][0] = fmaf(sg, d[0], acc[rt][0][0]);
-        acc[rt][0][1] = fmaf(sg, d[1], acc[rt][0][1]);
-        acc[rt][0][2] = fmaf(sg8, d[2], acc[rt][0][2]);
-        acc[rt][0][3] = fmaf(sg8, d[3], acc[rt][0][3]);
-      }
-    }
-  }
-}
-
 // The KS partials of one group of KS warps (shared memory, added in warp order) and the epilogue;
 // tid: the thread's index within its group (threadIdx.x when the block is one group). Token tok's
 // output row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the matrix). Ends with a
@@ -372,30 +299,6 @@ __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, 
   float acc[RT][NT][4];
   bf16_warp<RT, NT, KS, U, PF, LD, KC>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
   finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; }, int(threadIdx.x));
-}
-
-// INT4 routed experts: grid (ceil(rows / (16·RT)), max_active); block y serves the y-th active
-// expert, all its token rows in tiles of 8 (one weight pass per 8 tokens of an expert).
-template <int RT, int KS, int U>
-__global__ void __launch_bounds__(KS * 32) mma_expert_kernel(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
-                                                           float* y, int64_t ldy, int ep) {
-  __shared__ float part[KS][8][16 * RT + 4];
-  const int a = int(blockIdx.y);
-  if (a >= *b.n_active) return;  // block-uniform
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-  const int64_t row0 = int64_t(blockIdx.x) * 16 * RT;
-  const int64_t e = b.act_expert[a];
-  const int off = b.act_off[a], cnt = b.act_cnt[a];
-  const void* wbase = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
-  const uint16_t* sbase = b.w.scales + e * b.scale_stride_elems;
-  for (int t0 = 0; t0 < cnt; t0 += 8) {
-    const int mcount = min(8, cnt - t0);
-    const float* xr[1] = {g < mcount ? x + int64_t(b.in_row[off + t0 + g]) * ldx : nullptr};
-    float acc[RT][1][4];
-    int4_warp<RT, KS, U>(static_cast<const uint32_t*>(wbase), sbase, b.w.rows, b.w.cols, row0, xr, acc, warp, lane);
-    finish_tile<RT, 1, KS>(part, acc, row0, b.w.rows, mcount, ep,
-                           [&](int tok) { return y + int64_t(b.out_row[off + t0 + tok]) * ldy; }, int(threadIdx.x));
-  }
 }
 
 #include "backend/cuda/mma_xs.cuh"  // mma_linear_xs_kernel, mma_linear_xw_kernel
@@ -605,7 +508,7 @@ int env_switch(const char* name, int unset = 0) {
   fail(name, " must be 0 or 1, not '", std::string(e), "'");
 }
 
-std::atomic<int> g_mma_override{-1}, g_expert_mma_override{-1};  // -1: follow the environment
+std::atomic<int> g_mma_override{-1};  // -1: follow the environment
 
 }  // namespace
 
@@ -659,27 +562,6 @@ void set_mma_config(int c) {
   if (c < -1 || c >= kConfigCount) fail("MMA config ", c, " out of range [-1 (by shape), ", kConfigCount, ")");
   g_mma_config.store(c);
 }
-
-bool expert_mma_enabled() {
-  const int o = g_expert_mma_override.load();
-  if (o >= 0) return o == 1;
-  static const int from_env = env_switch("KDTREE_CUDA_MMA_EXPERTS");
-  return from_env == 1;
-}
-void set_expert_mma(bool on) { g_expert_mma_override.store(on ? 1 : 0); }
-
-bool expert_linear_mma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
-  if (!expert_mma_enabled() || !b.w.int4) return false;
-  if (b.max_active <= 0) return true;
-  if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA expert_linear (MMA): activations are not 16-byte aligned");
-  // 64 weight rows a block (the x split serves four 16-row tiles), K over 4 warps in runs of 4 groups.
-  constexpr int RT = 4, KS = 4, U = 4;
-  const dim3 grid(unsigned((b.w.rows + 16 * RT - 1) / (16 * RT)), unsigned(b.max_active));
-  mma_expert_kernel<RT, KS, U><<<grid, KS * 32, 0, s>>>(b, x, ldx, y, ldy, int(ep));
-  check_launch("expert_linear (MMA)");
-  return true;
-}
-
 
 // ---- Ceiling probe: the rate of this file's tensor-core instruction --------------------------------
 namespace {

@@ -229,9 +229,11 @@ __global__ void __launch_bounds__(1024) dispatch_kernel(const int32_t* chosen, i
   int p = off;
   for (int j0 = 0; j0 < nK; j0 += kChunk) {  // every thread takes part in the chunk loads
     const int m = min(kChunk, nK - j0);
-    __syncthreads();
-    for (int j = e; j < m; j += blockDim.x) ch[j] = int16_t(chosen[j0 + j]);
-    __syncthreads();
+    if (nK > kChunk) {  // one chunk (every decode, verify and prefill step of ≤ 512 rows) is still there
+      __syncthreads();
+      for (int j = e; j < m; j += blockDim.x) ch[j] = int16_t(chosen[j0 + j]);
+      __syncthreads();
+    }
     if (c > 0 && e < E)
       for (int j = 0; j < m; ++j)
         if (ch[j] == e) {
