@@ -228,6 +228,7 @@ TEST(CudaExperts, ConfigSweep) {
               cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigGateUp, cuda::kExpertConfigWide,
               (long long)cuda::kWideGateUpRows, cuda::kExpertConfigDown, cuda::kExpertConfigWide, (long long)cuda::kWideDownRows);
   for (const int c : swept_configs()) std::printf("  %2d %s\n", c, cuda::expert_config_describe(c).c_str());
+  for (int c = 0; c < cuda::expert_imma_config_count(); ++c) std::printf("  i%d %s\n", c, cuda::expert_imma_describe(c).c_str());
   sweep(Mat{"gate/up", 384, 4096, 7168, Epilogue::swiglu}, 501);
   sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);
 }

@@ -23,7 +23,8 @@
 // unit NaN, so the outputs that read it are NaN.
 //
 // MMA orientation (PTX fragment layouts of m16n8k32 .s8): A = 16 weight rows × the group's 32
-// columns, B = the group × 8 columns = 2 tokens × 4 digits, D = 16 × 8 int32. The k positions of the
+// columns, B = the group × 8 columns = 2 tokens × 4 digits, D = 16 × 8 int32 (a pass of MP token pairs
+// runs MP MMAs on each unpacked A). The k positions of the
 // MMA are a fixed permutation of the group's columns, the same for A and B: lane (g = lane / 4,
 // t = lane % 4) holds word t of its rows' group (columns 8t … 8t + 7); its even-nibble byte vector
 // (columns 8t, 8t + 2, 8t + 4, 8t + 6) is k = 4t … 4t + 3, its odd one k = 16 + 4t …; the digit
@@ -33,8 +34,10 @@
 //
 // Row invariance: an output's value depends on its weight row, its own token's digits and the group
 // order only — integer MMAs are exact, so neither the other token of a pair nor the tile nor the
-// block configuration can change a bit (tests/gpu/test_cuda_expert_imma.cpp asserts it bitwise).
+// block configuration can change a bit (tests/gpu/test_cuda_mma_experts.cpp and test_cuda_expert_sweep.cpp
+// assert it bitwise). Measured steps and the sweep behind the configs and the rule: docs/perf.md.
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/env.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -285,31 +288,22 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
         const uint8_t* srow = st + C::w_bytes + (r0 + g) * C::s_pitch + gi * 2;
         const uint32_t s0 = *reinterpret_cast<const uint32_t*>(srow);                  // row g: groups gi, gi + 1
         const uint32_t s8 = *reinterpret_cast<const uint32_t*>(srow + 8 * C::s_pitch);  // row g + 8
-        {
-          const uint32_t fa[4] = {s8_even(w[0], m4, f8), s8_even(w[1], m4, f8), s8_odd(w[0], m4, f8), s8_odd(w[1], m4, f8)};
+        // One group: A from word t of rows g (wg) and g + 8 (wg8), B of pair q from bq[q]; `high`: the
+        // group's scale · unit is the high bf16 half (group gi + 1).
+        auto group = [&](uint32_t wg, uint32_t wg8, const uint2 (&bq)[MP], bool high) {
+          const uint32_t fa[4] = {s8_even(wg, m4, f8), s8_even(wg8, m4, f8), s8_odd(wg, m4, f8), s8_odd(wg8, m4, f8)};
 #pragma unroll
           for (int q = 0; q < MP; ++q) {
             if (!kFull && q > 0 && q >= pairs) break;
-            // scale · unit of row g | g + 8, groups gi (low half) and gi + 1 (high half).
-            const uint32_t sc0 = bf16x2_mul(s0, u[q]), sc8 = bf16x2_mul(s8, u[q]);
+            const uint32_t sc0 = bf16x2_mul(s0, u[q]), sc8 = bf16x2_mul(s8, u[q]);  // rows g, g + 8
             int c[4];
-            mma_s8(c, fa, b0[q].x, b0[q].y);
-            acc[rt][q][0] = fmaf(bf16_lo(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][q][0]);
-            acc[rt][q][1] = fmaf(bf16_lo(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][q][1]);
+            mma_s8(c, fa, bq[q].x, bq[q].y);
+            acc[rt][q][0] = fmaf(high ? bf16_hi(sc0) : bf16_lo(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][q][0]);
+            acc[rt][q][1] = fmaf(high ? bf16_hi(sc8) : bf16_lo(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][q][1]);
           }
-        }
-        if (second) {
-          const uint32_t fa[4] = {s8_even(w[2], m4, f8), s8_even(w[3], m4, f8), s8_odd(w[2], m4, f8), s8_odd(w[3], m4, f8)};
-#pragma unroll
-          for (int q = 0; q < MP; ++q) {
-            if (!kFull && q > 0 && q >= pairs) break;
-            const uint32_t sc0 = bf16x2_mul(s0, u[q]), sc8 = bf16x2_mul(s8, u[q]);
-            int c[4];
-            mma_s8(c, fa, b1[q].x, b1[q].y);
-            acc[rt][q][0] = fmaf(bf16_hi(sc0), __int2float_rn(c[0] + 256 * c[1]), acc[rt][q][0]);
-            acc[rt][q][1] = fmaf(bf16_hi(sc8), __int2float_rn(c[2] + 256 * c[3]), acc[rt][q][1]);
-          }
-        }
+        };
+        group(w[0], w[1], b0, false);
+        if (second) group(w[2], w[3], b1, true);
       }
     };
     if ((ng & 1) == 0 && pairs == MP) {  // every group count of K2, a full pass
@@ -398,14 +392,7 @@ int64_t expert_digit_units(int64_t rows, int64_t cols) { return rows * unit_pitc
 bool expert_imma_enabled() {
   const int o = g_imma_override.load();
   if (o >= 0) return o == 1;
-  static const int from_env = [] {
-    const char* e = std::getenv("KDTREE_CUDA_EXPERT_IMMA");
-    if (e == nullptr || *e == '\0') return 1;
-    const std::string v(e);
-    if (v == "0") return 0;
-    if (v == "1") return 1;
-    fail("KDTREE_CUDA_EXPERT_IMMA must be 0 or 1, not '", v, "'");
-  }();
+  static const int from_env = env_switch("KDTREE_CUDA_EXPERT_IMMA", 1);  // on unless KDTREE_CUDA_EXPERT_IMMA=0
   return from_env == 1;
 }
 void set_expert_imma(bool on) { g_imma_override.store(on ? 1 : 0); }
@@ -414,15 +401,7 @@ int expert_imma_config_count() { return kImmaConfigs; }
 int expert_imma_config() {
   int c = g_imma_config.load();
   if (c == -2) {
-    c = -1;
-    const char* e = std::getenv("KDTREE_CUDA_IMMA_CONFIG");
-    if (e != nullptr && *e != '\0') {
-      char* end = nullptr;
-      const long l = std::strtol(e, &end, 10);
-      if (*end != '\0' || l < 0 || l >= kImmaConfigs)
-        fail("KDTREE_CUDA_IMMA_CONFIG='", e, "' is not an expert IMMA config (0 … ", kImmaConfigs - 1, ")");
-      c = int(l);
-    }
+    c = env_index("KDTREE_CUDA_IMMA_CONFIG", kImmaConfigs);
     g_imma_config.store(c);
   }
   return c;
@@ -436,6 +415,8 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
   const int64_t groups = b.w.cols / 32;
   if (b.xq == nullptr || b.xunit == nullptr)
     fail("CUDA expert_linear (IMMA): the batch has no digit scratch (ExpertBatch::xq / xunit, ", "expert_digit_bytes)");
+  if (reinterpret_cast<uintptr_t>(b.xq) % 16 != 0 || reinterpret_cast<uintptr_t>(b.xunit) % 16 != 0)
+    fail("CUDA expert_linear (IMMA): the digit scratch is not 16-byte aligned");
   if (b.x_rows <= 0) fail("CUDA expert_linear (IMMA): ExpertBatch::x_rows (rows of x the entries read) is not set");
   if (b.w_stride_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(b.w.w) % 16 != 0)
     fail("CUDA expert_linear (IMMA): expert weights are not 16-byte aligned (stride ", b.w_stride_bytes, " bytes)");

@@ -5,6 +5,7 @@
 // output depends only on the inner dimension, so the M-tile variant (MT = 1 for decode, wider for
 // verify/prefill) never changes a row's bits — the row invariance DDTree needs (DESIGN.md §2).
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/env.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -774,18 +775,7 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
 int expert_config_count() { return kExpertConfigs; }
 
 int expert_config() {
-  if (g_expert_config < -1) {
-    const char* env = std::getenv("KDTREE_CUDA_EXPERT_CONFIG");
-    int v = -1;
-    if (env != nullptr && *env != '\0') {
-      char* end = nullptr;
-      const long l = std::strtol(env, &end, 10);
-      if (*end != '\0' || l < 0 || l >= kExpertConfigs)
-        fail("KDTREE_CUDA_EXPERT_CONFIG='", env, "' is not an expert config (0 … ", kExpertConfigs - 1, ")");
-      v = int(l);
-    }
-    g_expert_config = v;
-  }
+  if (g_expert_config < -1) g_expert_config = env_index("KDTREE_CUDA_EXPERT_CONFIG", kExpertConfigs);
   return g_expert_config;
 }
 

@@ -31,6 +31,7 @@
 // Inputs with Inf give NaN here (x − hi is Inf − Inf); the CUDA-core path may give ±Inf.
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/env.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -489,24 +490,8 @@ constexpr int kTallConfig = 14, kShortConfig = 8;
 constexpr int64_t kTallRows = 6144;
 std::atomic<int> g_mma_config{-2};  // -2: the environment; -1: by shape; else forced
 
-int config_from_env() {
-  const char* e = std::getenv("KDTREE_CUDA_MMA_CONFIG");
-  if (e == nullptr || *e == '\0') return -1;
-  char* end = nullptr;
-  const long c = std::strtol(e, &end, 10);
-  if (*end != '\0' || c < 0 || c >= kConfigCount)
-    fail("KDTREE_CUDA_MMA_CONFIG must be a config number in [0, ", kConfigCount, "), not '", std::string(e), "'");
-  return int(c);
-}
 
 // A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
-int env_switch(const char* name, int unset = 0) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return unset;
-  if (std::strcmp(e, "0") == 0) return 0;
-  if (std::strcmp(e, "1") == 0) return 1;
-  fail(name, " must be 0 or 1, not '", std::string(e), "'");
-}
 
 std::atomic<int> g_mma_override{-1};  // -1: follow the environment
 
@@ -555,7 +540,7 @@ const char* mma_config_name(int c) {
 int mma_config() {
   const int c = g_mma_config.load();
   if (c >= -1) return c;
-  static const int from_env = config_from_env();
+  static const int from_env = env_index("KDTREE_CUDA_MMA_CONFIG", kConfigCount);
   return from_env;
 }
 void set_mma_config(int c) {
