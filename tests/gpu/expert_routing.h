@@ -1,6 +1,7 @@
 // Routed-expert helpers shared by the GPU expert tests (test_cuda_expert_sweep.cpp,
-// test_cuda_mma_experts.cpp): a routing of n tokens to K experts each, random top-K routing, and the
-// ExpertBatch tables dispatch() builds for it, on the device.
+// test_cuda_expert_imma.cpp): a routing of n tokens to K experts each, random top-K routing, the
+// ExpertBatch tables dispatch() builds for it, on the device, and the INT4 dequantisation of the
+// host references.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -9,9 +10,18 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "core/dtype.h"
 #include "gpu_test_util.h"
 
 namespace kd::gpu_test {
+
+// Element k of row `row` of INT4 g32 matrices stored back to back, `cols` wide (words: 8 LSB-first
+// nibbles, value nibble − 8; one bf16 scale per 32 columns): (n − 8) · scale, exact in fp32.
+inline float int4_weight(const std::vector<uint32_t>& words, const std::vector<uint16_t>& scales, int64_t cols, int64_t row,
+                         int64_t k) {
+  const uint32_t q = words[size_t(row * (cols / 8) + k / 8)];
+  return float(int((q >> (4 * (k % 8))) & 15u) - 8) * bf16_to_f32(scales[size_t(row * (cols / 32) + k / 32)]);
+}
 
 // Token i of n goes to experts choice[i] (distinct); entries grouped by expert ascending, tokens
 // ascending inside (as dispatch() builds them); entry (i, k) reads x row i, writes y row i·K + k.

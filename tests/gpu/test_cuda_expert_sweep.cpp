@@ -21,7 +21,6 @@
 
 #include "backend/cuda/cuda_target.h"
 #include "backend/cuda/kernels.h"
-#include "core/dtype.h"
 #include "core/error.h"
 #include "expert_routing.h"
 #include "gpu_test_util.h"
@@ -131,11 +130,7 @@ void sweep(const Mat& m, uint32_t seed) {
   std::vector<float> wrow(static_cast<size_t>(m.cols));
   for (int64_t e = 0; e < EP; ++e)
     for (int64_t r = step / 2; r < m.rows; r += step) {
-      for (int64_t c = 0; c < m.cols; ++c) {
-        const uint32_t q = words[size_t((e * m.rows + r) * (m.cols / 8) + c / 8)];
-        const float sc = bf16_to_f32(scales[size_t((e * m.rows + r) * (m.cols / 32) + c / 32)]);
-        wrow[size_t(c)] = float(int((q >> (4 * (c % 8))) & 15u) - 8) * sc;  // exact in fp32
-      }
+      for (int64_t c = 0; c < m.cols; ++c) wrow[size_t(c)] = gpu_test::int4_weight(words, scales, m.cols, e * m.rows + r, c);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t k = 0; k < K; ++k) {
           if (prt.choice[size_t(i)][size_t(k)] != e) continue;

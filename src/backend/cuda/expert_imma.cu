@@ -34,7 +34,7 @@
 //
 // Row invariance: an output's value depends on its weight row, its own token's digits and the group
 // order only — integer MMAs are exact, so neither the other token of a pair nor the tile nor the
-// block configuration can change a bit (tests/gpu/test_cuda_mma_experts.cpp and test_cuda_expert_sweep.cpp
+// block configuration can change a bit (tests/gpu/test_cuda_expert_imma.cpp and test_cuda_expert_sweep.cpp
 // assert it bitwise). Measured steps and the sweep behind the configs and the rule: docs/perf.md.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/env.h"

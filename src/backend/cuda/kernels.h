@@ -43,7 +43,7 @@ struct ExpertBatch {
   const int32_t* act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr;  // [max_active]
   const int32_t* in_row = nullptr, *out_row = nullptr;                          // [entries]
   int64_t max_active = 0;           // grid bound: min(n_experts, rows × top_k)
-  int64_t max_rows_per_expert = 1;  // the forward's row count: 1 selects the decode variant
+  int64_t max_rows_per_expert = 1;  // the forward's row count: kernel choices by the batch (same bits)
   // The integer tensor-core path (expert_imma.cu) splits x rows [0, x_rows) into digits first:
   // scratch of expert_digit_bytes(x_rows, w.cols) bytes (16-byte aligned) and
   // expert_digit_units(x_rows, w.cols) bf16 units, owned by the caller (a forward keeps one for all layers).
@@ -75,8 +75,9 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
 // Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 … 15
 // the shared-memory staged kernel in several tile/stage shapes, 16 … the lean staged kernel: fewer
 // instructions a weight, token pairs). Every config writes the same bits
-// (same per-lane chunk order and arithmetic), so the choice is performance only. Production picks by
-// the matrix and the forward's row count (the H200 sweep's winners, docs/perf.md): gate/up (rows ≤
+// (same per-lane chunk order and arithmetic), so the choice is performance only. With the integer
+// path off, expert_linear picks by the matrix and the forward's row count (the H200 sweep's winners,
+// docs/perf.md): gate/up (rows ≤
 // cols) kExpertConfigGateUp, or kExpertConfigWide (token pairs share each unpacked weight) from
 // kWideGateUpRows rows on; down (rows > cols) kExpertConfigDown, or kExpertConfigWide from
 // kWideDownRows on; expert_config() is then −1. KDTREE_CUDA_EXPERT_CONFIG (read once) or

@@ -57,11 +57,7 @@ struct Experts {
     dw.up(words.data(), words.size() * 4);
     ds.up(scales.data(), scales.size() * 2);
   }
-  float weight(int64_t e, int64_t r, int64_t k) const {  // (n − 8) · scale, exact in fp32
-    const uint32_t q = words[size_t((e * rows + r) * (cols / 8) + k / 8)];
-    const int n = int((q >> (4 * (k % 8))) & 15u);
-    return float(n - 8) * bf16_to_f32(scales[size_t((e * rows + r) * (cols / 32) + k / 32)]);
-  }
+  float weight(int64_t e, int64_t r, int64_t k) const { return gpu_test::int4_weight(words, scales, cols, e * rows + r, k); }
 };
 
 // y [n·K, ldy] via cuda::expert_linear (whichever path is switched on); NaN-poisoned, or y0 (add).
