@@ -2,6 +2,8 @@
 // model while /health answers 503; SIGINT / SIGTERM stop it cleanly (streams in flight are cancelled).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <memory>
@@ -56,14 +58,27 @@ void add_serve(CLI::App& app, ServeOptions& o) {
   c->add_option("--max-queue", o.max_queue, "Waiting requests beyond which new ones get 503 + Retry-After (default 64)")
       ->check(CLI::Range(0, 1 << 20));
   c->add_flag("--no-prefix-cache", o.no_prefix_cache, "Do not reuse the KV of shared prompt prefixes");
-  c->add_option("--timeout", o.timeout_s, "Seconds a connection may stall reading or writing before it is dropped (default 600)")
+  c->add_option("--timeout", o.timeout_s, "Seconds a request body may take to arrive, and a write of the answer may stall, "
+                                          "before the connection is dropped (default 60; a deadline, not reset by each byte)")
       ->check(CLI::Range(1, 86400));
-  c->add_option("--idle-timeout", o.idle_timeout_s, "Seconds an idle keep-alive connection stays open (default 5)")
+  c->add_option("--header-timeout", o.header_timeout_s, "Seconds from a request's first byte to the end of its headers (default 30)")
       ->check(CLI::Range(1, 3600));
-  c->add_option("--max-body", o.max_body_mb, "Largest request body in MiB; larger ones get 413 (default 16)")
+  c->add_option("--idle-timeout", o.idle_timeout_s, "Seconds a connection may wait for its next request before it is closed (default 5)")
+      ->check(CLI::Range(1, 3600));
+  c->add_option("--max-body", o.max_body_mb, "Largest request body in MiB, chunked or not; larger ones get 413 (default 16). "
+                                             "Compressed bodies (Content-Encoding) are refused with 415")
       ->check(CLI::Range(1, 4096));
-  c->add_option("--threads-http", o.threads_http, "HTTP worker threads; each open request holds one (default: parallel + max-queue + 32, at least 64)")
+  c->add_option("--max-header", o.max_header_kb, "Largest request line + headers in KiB; larger get 431 (default 64)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--max-connections", o.max_connections, "Open connections at most; more are answered 503 at once and closed "
+                                                        "(default 1024, within the descriptor limit)")
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--threads-http", o.threads_http, "HTTP worker threads; each request being answered holds one, a slow client "
+                                                  "does not (default: parallel + max-queue + 32, at least 64)")
       ->check(CLI::Range(1, 4096));
+  c->add_option("--shutdown-grace", o.shutdown_grace_s, "On SIGTERM/SIGINT: seconds requests in flight may take to finish before "
+                                                        "they are cancelled (default 5; a second signal stops at once)")
+      ->check(CLI::Range(0, 3600));
   c->add_option("--device", o.device,
                 "cpu (default) or cuda: the target, its paged KV (sized to --kv-tokens or the free GPU memory) and a "
                 "DFlash drafter on GPU 0");
@@ -102,12 +117,17 @@ int cmd_serve(const ServeOptions& o) {
   so.api_key = o.api_key;
   if (so.api_key.empty())
     if (const char* k = std::getenv("KDTREE_API_KEY")) so.api_key = k;
-  so.timeout_s = o.timeout_s;
-  so.idle_timeout_s = o.idle_timeout_s;
-  so.max_body_bytes = size_t(o.max_body_mb) << 20;
-  // Every running and waiting request holds a worker; the slack serves /health, /metrics and the
-  // requests that are answered 503 once the queue is full.
-  so.http_threads = o.threads_http > 0 ? o.threads_http : int(std::max<int64_t>(64, o.parallel + o.max_queue + 32));
+  HttpLimits& lim = so.limits;
+  lim.timeout_s = o.timeout_s;
+  lim.header_timeout_s = o.header_timeout_s;
+  lim.idle_timeout_s = o.idle_timeout_s;
+  lim.max_body_bytes = size_t(o.max_body_mb) << 20;
+  lim.max_header_bytes = size_t(o.max_header_kb) << 10;
+  lim.max_connections = o.max_connections;
+  lim.shutdown_grace_s = o.shutdown_grace_s;
+  // Every running and waiting request holds a worker; the slack serves the requests that are
+  // answered 503 once the engine's queue is full (/health and /metrics need none).
+  lim.workers = o.threads_http > 0 ? o.threads_http : int(std::max<int64_t>(64, o.parallel + o.max_queue + 32));
 
   // Signals go to this thread only (sigwait below): block them before any thread starts.
   const sigset_t sigs = stop_signals();
@@ -117,7 +137,11 @@ int cmd_serve(const ServeOptions& o) {
   server.bind();
   log_info("listening on http://", o.host, ":", server.port(), (so.api_key.empty() ? "" : " (API key required)"),
            "; loading ", o.model, " …");
-  std::thread http([&server] { server.listen(); });
+  std::atomic<bool> http_done{false};
+  std::thread http([&server, &http_done] {
+    server.listen();
+    http_done = true;
+  });
 
   // Load on a thread of its own so that a signal can still stop the server while it loads.
   std::atomic<int> load_state{0};  // 0 loading, 1 ready, 2 failed
@@ -130,9 +154,18 @@ int cmd_serve(const ServeOptions& o) {
 #endif
   std::unique_ptr<EngineTarget> target;
   std::unique_ptr<Engine> engine;
+  // KDTREE_SERVE_LOAD_DELAY_MS: a testing aid that holds the server in its loading state for that long
+  // (tests/server check what it answers meanwhile and that a signal then stops it at once).
+  const char* load_delay = std::getenv("KDTREE_SERVE_LOAD_DELAY_MS");
+  std::atomic<bool> abandon_load{false};
   std::thread loader([&] {
     try {
       const double t0 = now_s();
+      if (load_delay) {
+        const double until = t0 + std::strtod(load_delay, nullptr) / 1e3;
+        while (now_s() < until && !abandon_load) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (abandon_load) fail("stopped while loading");
+      }
       tok = load_tokenizer(o.model);
       ckpt = std::make_unique<Checkpoint>(o.model);
       model = std::make_unique<DeepseekV3>(*ckpt);
@@ -194,11 +227,14 @@ int cmd_serve(const ServeOptions& o) {
   });
 
   int rc = 0;
-  for (;;) {
-    timespec ts{0, 200 * 1000 * 1000};
+  auto next_signal = [&sigs](int ms) {
+    timespec ts{ms / 1000, (ms % 1000) * 1000L * 1000L};
     const int sig = sigtimedwait(&sigs, nullptr, &ts);
-    if (sig == SIGINT || sig == SIGTERM) {
-      log_info("signal ", sig, ": stopping");
+    return sig == SIGINT || sig == SIGTERM ? sig : 0;
+  };
+  for (;;) {
+    if (const int sig = next_signal(200)) {
+      log_info("signal ", sig, ": stopping (requests in flight have ", o.shutdown_grace_s, " s; a second signal stops at once)");
       break;
     }
     if (load_state == 2) {
@@ -207,8 +243,23 @@ int cmd_serve(const ServeOptions& o) {
       break;
     }
   }
-  loader.join();  // a load in progress finishes first (weights are mmapped: quick)
   server.stop();
+  // A load still running may be stuck on a file (a network filesystem, a device): it must not hold
+  // the exit. Weights are mmapped, so nothing is lost by leaving without it.
+  abandon_load = true;
+  for (int i = 0; i < 100 && load_state == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (load_state == 0) {
+    log_info("the model was still loading: exiting without waiting for it");
+    std::fflush(nullptr);
+    std::_Exit(rc);
+  }
+  loader.join();
+  while (!http_done) {
+    if (const int sig = next_signal(100)) {
+      log_info("signal ", sig, ": stopping now");
+      server.stop_now();
+    }
+  }
   http.join();
   engine.reset();  // after the server: no handler touches it any more
   target.reset();

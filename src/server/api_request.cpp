@@ -5,6 +5,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/untrusted.h"
+
 namespace kd {
 
 using json = nlohmann::json;
@@ -237,6 +239,14 @@ void parse_chat(const json& body, ApiRequest& r) {
       if (!name || name->empty()) bad_request(w, cat("'", w, ".function.name': expected a non-empty string"));
       if (const json* params = field(*f, "parameters"); params && !params->is_object())
         wrong_type(w + ".function.parameters", "an object", *params);
+      // Strict tools promise schema-valid arguments, which needs constrained decoding (not built yet):
+      // refuse rather than accept a promise kdtree would not keep.
+      if (const json* strict = field(*f, "strict")) {
+        if (!strict->is_boolean()) wrong_type(w + ".function.strict", "a boolean", *strict);
+        if (strict->get<bool>())
+          bad_request(w, cat("'", w, ".function.strict': true is not supported yet (kdtree has no constrained decoding); "
+                                     "send strict: false or leave it out"));
+      }
       r.tool_names.push_back(*name);
     }
     if (!tools->empty()) r.tools_json = tools->dump();
@@ -247,7 +257,7 @@ void parse_chat(const json& body, ApiRequest& r) {
       if (s == "none") r.tool_choice = ToolChoice::none;
       else if (s == "auto") r.tool_choice = ToolChoice::auto_;
       else if (s == "required") r.tool_choice = ToolChoice::required;
-      else bad_request("tool_choice", cat("'tool_choice': '", s, "' (expected none, auto, required or {\"type\": \"function\", ...})"));
+      else bad_request("tool_choice", cat("'tool_choice': '", escaped_excerpt(s), "' (expected none, auto, required or {\"type\": \"function\", ...})"));
     } else if (tc->is_object()) {
       const json* f = field(*tc, "function");
       auto name = f && f->is_object() ? get_string(*f, "name") : std::nullopt;
@@ -262,13 +272,13 @@ void parse_chat(const json& body, ApiRequest& r) {
       bad_request("tool_choice", "'tool_choice' requires a call but 'tools' is empty");
     if (r.tool_choice == ToolChoice::named &&
         std::find(r.tool_names.begin(), r.tool_names.end(), r.tool_choice_name) == r.tool_names.end())
-      bad_request("tool_choice", cat("'tool_choice': function '", r.tool_choice_name, "' is not in 'tools'"));
+      bad_request("tool_choice", cat("'tool_choice': function '", escaped_excerpt(r.tool_choice_name), "' is not in 'tools'"));
   }
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
     for (auto it = kw->begin(); it != kw->end(); ++it) {
       if (it.key() != "thinking")
-        bad_request("chat_template_kwargs", cat("'chat_template_kwargs.", it.key(), "': not supported (the native templates know 'thinking')"));
+        bad_request("chat_template_kwargs", cat("'chat_template_kwargs.", escaped_excerpt(it.key()), "': not supported (the native templates know 'thinking')"));
     }
     if (auto t = get_bool(*kw, "thinking")) r.thinking = *t;
   }
@@ -278,6 +288,11 @@ void parse_chat(const json& body, ApiRequest& r) {
 
 ApiRequest parse_api_request(Endpoint endpoint, std::string_view body_text) {
   json body;
+  try {
+    check_json_depth(body_text, "request body");
+  } catch (const Error& e) {  // dump() and copies recurse per level: refuse before parsing
+    bad_request("", e.what());
+  }
   try {
     body = json::parse(body_text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999

@@ -1,16 +1,15 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/log.h"
-#include "server/client_socket.h"
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -19,16 +18,19 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-void send_error(httplib::Response& res, int status, const std::string& type, const std::string& message,
-                const std::string& param = "") {
-  res.status = status;
-  res.set_content(error_json(status, type, message, param), "application/json");
+void send_error(HttpExchange& ex, int status, const std::string& type, const std::string& message,
+                const std::string& param = "", const HttpHeaders& extra = {}) {
+  ex.reply(status, error_json(status, type, message, param), "application/json", extra);
 }
 
-void send_api_error(httplib::Response& res, const ApiError& e) { send_error(res, e.status, e.type, e.what(), e.param); }
+void send_api_error(HttpExchange& ex, const ApiError& e) { send_error(ex, e.status, e.type, e.what(), e.param); }
+
+void send_json(HttpExchange& ex, const json& j) {
+  ex.reply(200, j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
 
 // Constant time in the length of the expected key: every byte is compared whatever differs first.
-bool same_secret(const std::string& given, const std::string& expected) {
+bool same_secret(std::string_view given, const std::string& expected) {
   unsigned char diff = given.size() == expected.size() ? 0 : 1;
   for (size_t i = 0; i < expected.size(); ++i)
     diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
@@ -45,95 +47,57 @@ struct Channel {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A request body as a JSON object, depth-bounded (core/untrusted.h); nullopt after answering 400.
+std::optional<json> json_body(const HttpRequest& req, HttpExchange& ex) {
+  try {
+    json body = parse_json(req.body, "request body");
+    if (body.is_object()) return body;
+  } catch (const Error& e) {
+    send_error(ex, 400, "invalid_request_error", e.what());
+    return std::nullopt;
+  }
+  send_error(ex, 400, "invalid_request_error", "request body: expected a JSON object");
+  return std::nullopt;
+}
+
+bool is_generate_path(const std::string& p) {
+  return p == "/v1/chat/completions" || p == "/chat/completions" || p == "/v1/completions" || p == "/completions";
+}
+
+bool is_post_path(const std::string& p) { return is_generate_path(p) || p == "/tokenize" || p == "/detokenize"; }
+
+bool is_get_path(const std::string& p) {
+  return p == "/health" || p == "/metrics" || p == "/v1/models" || p == "/models" || p.rfind("/v1/models/", 0) == 0 ||
+         p.rfind("/models/", 0) == 0;
+}
+
 }  // namespace
 
-HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()) {
+HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)) {
   created_ = int64_t(std::time(nullptr));
-  auto& h = *http_;
-  const int threads = opt_.http_threads > 0 ? opt_.http_threads : 96;
-  h.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  h.set_read_timeout(time_t(opt_.timeout_s));
-  h.set_write_timeout(time_t(opt_.timeout_s));
-  h.set_keep_alive_timeout(time_t(opt_.idle_timeout_s));
-  h.set_payload_max_length(opt_.max_body_bytes);
-
-  h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opt_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.compare(0, prefix.size(), prefix) != 0 || !same_secret(auth.substr(prefix.size()), opt_.api_key)) {
-      send_error(res, 401, "authentication_error", "invalid or missing API key (send 'Authorization: Bearer KEY')");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  // httplib's own answers (no route, body too large, unreadable request) get the JSON error shape.
-  h.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 404) send_error(res, 404, "not_found_error", cat("no route ", req.method, " ", req.path));
-    else if (res.status == 413) send_error(res, 413, "invalid_request_error", "request body exceeds the size limit");
-    else if (res.status == 405) send_error(res, 405, "invalid_request_error", cat("method ", req.method, " not allowed on ", req.path));
-    else send_error(res, res.status, res.status >= 500 ? "server_error" : "invalid_request_error", cat("HTTP ", res.status));
-  });
-  h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const ApiError& e) {
-      send_api_error(res, e);
-      return;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    log_line(LogLevel::quiet, cat("server error: ", what));
-    send_error(res, 500, "server_error", what);
-  });
-  h.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    metrics_.count_response(res.status);
-    log_debug("http ", req.method, " ", req.path, " → ", res.status);
-  });
-
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (!ready_) return send_error(res, 503, "unavailable_error", "loading model");
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-  h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    EngineMetrics em;
-    if (ready_) em = engine_->metrics();
-    res.set_content(metrics_.render(ready_ ? &em : nullptr, !ready_), "text/plain; version=0.0.4");
-  });
-  h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
-  h.Get("/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
-  // One model, as OpenAI's GET /v1/models/{model}; ids may hold '/' (as Hugging Face names do).
-  for (const char* path : {R"(/v1/models/(.+))", R"(/models/(.+))"})
-    h.Get(path, [this](const httplib::Request& req, httplib::Response& res) { handle_model(req.matches[1].str(), res); });
-  for (const char* path : {"/v1/chat/completions", "/chat/completions"})
-    h.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_generate(Endpoint::chat, req, res); });
-  for (const char* path : {"/v1/completions", "/completions"})
-    h.Post(path, [this](const httplib::Request& req, httplib::Response& res) { handle_generate(Endpoint::completion, req, res); });
-  h.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
-  h.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
+  HttpCallbacks cb;
+  cb.handle = [this](const HttpRequest& req, HttpExchange& ex) { route(req, ex); };
+  // Everything but the generation and tokenizer routes answers from memory: on the I/O thread, so
+  // that /health and /metrics answer while every worker is busy.
+  cb.is_quick = [](const HttpRequest& req) { return !(req.method == "POST" && is_post_path(req.path)); };
+  cb.error_body = [](int status, const std::string& message) {
+    return error_json(status, status >= 500 && status != 503 ? "server_error" : status == 503 ? "unavailable_error" : "invalid_request_error",
+                      message);
+  };
+  cb.on_response = [this](int status) { metrics_.count_response(status); };
+  http_ = std::make_unique<HttpTransport>(opt_.limits, std::move(cb));
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() { stop_now(); }
 
 void HttpServer::bind() {
-  if (opt_.port == 0) {
-    port_ = http_->bind_to_any_port(opt_.host);
-    if (port_ < 0) fail("cannot bind ", opt_.host, " (any port)");
-  } else {
-    if (!http_->bind_to_port(opt_.host, opt_.port)) fail("cannot bind ", opt_.host, ":", opt_.port, " (in use, or not a local address)");
-    port_ = opt_.port;
-  }
+  http_->bind(opt_.host, opt_.port);
+  port_ = http_->port();
 }
 
-void HttpServer::listen() { http_->listen_after_bind(); }
-
-void HttpServer::stop() {
-  stopping_ = true;
-  if (http_ && http_->is_running()) http_->stop();
-}
+void HttpServer::listen() { http_->run(); }
+void HttpServer::stop() { http_->stop(); }
+void HttpServer::stop_now() { http_->stop_now(); }
 
 void HttpServer::set_ready(ServedModel model, Engine& engine) {
   model_ = std::move(model);
@@ -141,11 +105,54 @@ void HttpServer::set_ready(ServedModel model, Engine& engine) {
   ready_ = true;
 }
 
-bool HttpServer::ready(httplib::Response& res) {
+bool HttpServer::ready(HttpExchange& ex) {
   if (ready_) return true;
-  res.set_header("Retry-After", "1");
-  send_error(res, 503, "unavailable_error", "loading model");
+  send_error(ex, 503, "unavailable_error", "loading model", "", {{"Retry-After", "1"}});
   return false;
+}
+
+// RFC 7235: the scheme is case-insensitive ("bearer" is "Bearer"), one or more spaces follow it.
+bool HttpServer::authorized(const HttpRequest& req) const {
+  std::string_view auth = req.header("authorization");
+  constexpr std::string_view scheme = "bearer";
+  if (auth.size() <= scheme.size()) return false;
+  for (size_t i = 0; i < scheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != scheme[i]) return false;
+  auth.remove_prefix(scheme.size());
+  if (auth.front() != ' ') return false;
+  while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
+  while (!auth.empty() && (auth.back() == ' ' || auth.back() == '\t')) auth.remove_suffix(1);
+  return same_secret(auth, opt_.api_key);
+}
+
+void HttpServer::route(const HttpRequest& req, HttpExchange& ex) {
+  const std::string& p = req.path;
+  log_debug("http ", req.method, " ", p, " from ", req.remote);
+  if (!opt_.api_key.empty() && p != "/health" && !authorized(req))
+    return send_error(ex, 401, "authentication_error", "invalid or missing API key (send 'Authorization: Bearer KEY')");
+  if (req.method == "GET" && is_get_path(p)) {
+    if (p == "/health") {
+      if (!ready_) return send_error(ex, 503, "unavailable_error", "loading model");
+      return ex.reply(200, R"({"status":"ok"})", "application/json");
+    }
+    if (p == "/metrics") {
+      EngineMetrics em;
+      if (ready_) em = engine_->metrics();
+      return ex.reply(200, metrics_.render(ready_ ? &em : nullptr, !ready_), "text/plain; version=0.0.4");
+    }
+    if (p == "/v1/models" || p == "/models") return handle_models(ex);
+    // One model, as OpenAI's GET /v1/models/{model}; ids may hold '/' (as Hugging Face names do).
+    return handle_model(p.substr(p.rfind("/models/", 0) == 0 ? 8 : 11), ex);
+  }
+  if (req.method == "POST" && is_post_path(p)) {
+    if (p == "/tokenize") return handle_tokenize(req, ex);
+    if (p == "/detokenize") return handle_detokenize(req, ex);
+    return handle_generate(p.find("chat") != std::string::npos ? Endpoint::chat : Endpoint::completion, req, ex);
+  }
+  if (is_get_path(p) || is_post_path(p))
+    return send_error(ex, 405, "invalid_request_error", cat("method ", req.method.substr(0, 16), " not allowed on ", p),
+                      "", {{"Allow", is_get_path(p) ? "GET" : "POST"}});
+  send_error(ex, 404, "not_found_error", cat("no route ", req.method.substr(0, 16), " ", escaped_excerpt(p, 80)));
 }
 
 nlohmann::json HttpServer::model_object() const {
@@ -154,22 +161,24 @@ nlohmann::json HttpServer::model_object() const {
                     {"chat_template", chat_template_kind_name(model_.chat_template)}}}};
 }
 
-void HttpServer::handle_models(httplib::Response& res) {
-  if (!ready(res)) return;
-  res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+void HttpServer::handle_models(HttpExchange& ex) {
+  if (!ready(ex)) return;
+  send_json(ex, json{{"object", "list"}, {"data", json::array({model_object()})}});
 }
 
-void HttpServer::handle_model(const std::string& id, httplib::Response& res) {
-  if (!ready(res)) return;
+void HttpServer::handle_model(const std::string& id, HttpExchange& ex) {
+  if (!ready(ex)) return;
   if (id != model_.name)
-    return send_error(res, 404, "invalid_request_error", cat("model '", id, "' not found (this server serves '", model_.name, "')"), "model");
-  res.set_content(model_object().dump(), "application/json");
+    return send_error(ex, 404, "invalid_request_error",
+                      cat("model '", escaped_excerpt(id, 80), "' not found (this server serves '", model_.name, "')"), "model");
+  send_json(ex, model_object());
 }
 
-void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
-  if (!ready(res)) return;
-  const json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) return send_error(res, 400, "invalid_request_error", "request body: expected a JSON object");
+void HttpServer::handle_tokenize(const HttpRequest& req, HttpExchange& ex) {
+  if (!ready(ex)) return;
+  const std::optional<json> parsed = json_body(req, ex);
+  if (!parsed) return;
+  const json& body = *parsed;
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
     // The exact prompt a chat request would see (template + tools + thinking), as vLLM offers.
@@ -181,60 +190,61 @@ void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response&
   } else {
     auto it = body.find("content");
     if (it == body.end() || !it->is_string())
-      return send_error(res, 400, "invalid_request_error", "'content': expected a string (or give 'messages')", "content");
+      return send_error(ex, 400, "invalid_request_error", "'content': expected a string (or give 'messages')", "content");
     bool parse_special = true;
     if (auto ps = body.find("parse_special"); ps != body.end()) {
-      if (!ps->is_boolean()) return send_error(res, 400, "invalid_request_error", "'parse_special': expected a boolean", "parse_special");
+      if (!ps->is_boolean()) return send_error(ex, 400, "invalid_request_error", "'parse_special': expected a boolean", "parse_special");
       parse_special = ps->get<bool>();
     }
     try {
       ids = model_.tokenizer->encode(it->get<std::string>(), parse_special);
     } catch (const Error& e) {
-      return send_error(res, 400, "invalid_request_error", e.what(), "content");
+      return send_error(ex, 400, "invalid_request_error", e.what(), "content");
     }
   }
   json out = {{"tokens", ids}, {"count", ids.size()}};
   auto wp = body.find("with_pieces");
   if (wp != body.end() && !wp->is_boolean() && !wp->is_null())
-    return send_error(res, 400, "invalid_request_error", "'with_pieces': expected a boolean", "with_pieces");
+    return send_error(ex, 400, "invalid_request_error", "'with_pieces': expected a boolean", "with_pieces");
   if (wp != body.end() && wp->is_boolean() && wp->get<bool>()) {
     json pieces = json::array();
     for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", utf8_sanitize(model_.tokenizer->token_bytes(id))}});
     out["tokens"] = pieces;
   }
-  res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  send_json(ex, out);
 }
 
-void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
-  if (!ready(res)) return;
-  const json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) return send_error(res, 400, "invalid_request_error", "request body: expected a JSON object");
+void HttpServer::handle_detokenize(const HttpRequest& req, HttpExchange& ex) {
+  if (!ready(ex)) return;
+  const std::optional<json> parsed = json_body(req, ex);
+  if (!parsed) return;
+  const json& body = *parsed;
   auto it = body.find("tokens");
-  if (it == body.end() || !it->is_array()) return send_error(res, 400, "invalid_request_error", "'tokens': expected an array of token ids", "tokens");
+  if (it == body.end() || !it->is_array()) return send_error(ex, 400, "invalid_request_error", "'tokens': expected an array of token ids", "tokens");
   std::vector<int32_t> ids;
   for (size_t i = 0; i < it->size(); ++i) {
     const json& v = (*it)[i];
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= model_.tokenizer->vocab_size())
-      return send_error(res, 400, "invalid_request_error", cat("'tokens[", i, "]': not a token id in [0, ", model_.tokenizer->vocab_size(), ")"), "tokens");
+      return send_error(ex, 400, "invalid_request_error", cat("'tokens[", i, "]': not a token id in [0, ", model_.tokenizer->vocab_size(), ")"), "tokens");
     ids.push_back(v.get<int32_t>());
   }
-  res.set_content(json{{"content", model_.tokenizer->decode(ids)}}.dump(), "application/json");
+  send_json(ex, json{{"content", model_.tokenizer->decode(ids)}});
 }
 
-void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchange& ex) {
   const auto t_arrival = Clock::now();
-  if (!ready(res)) return;
+  if (!ready(ex)) return;
   PreparedRequest prep;
   try {
     ApiRequest r = parse_api_request(ep, req.body);
     if (!r.model.empty() && r.model != model_.name)
-      throw ApiError(404, "invalid_request_error", cat("model '", r.model, "' not found (this server serves '", model_.name, "')"), "model");
+      throw ApiError(404, "invalid_request_error", cat("model '", escaped_excerpt(r.model, 80), "' not found (this server serves '", model_.name, "')"), "model");
     if (!r.seed) r.seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);  // unseeded: random, as OpenAI
     prep = prepare_request(r, model_);
   } catch (const ApiError& e) {
-    return send_api_error(res, e);
+    return send_api_error(ex, e);
   } catch (const Error& e) {  // tokenizer errors name the bad bytes
-    return send_error(res, 400, "invalid_request_error", e.what());
+    return send_error(ex, 400, "invalid_request_error", e.what());
   }
   const uint64_t serial = next_id_++;
   prep.response.id = cat(ep == Endpoint::chat ? "chatcmpl-" : "cmpl-", serial);
@@ -258,17 +268,16 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
   try {
     engine_id = engine_->submit(std::move(er));
   } catch (const EngineFull& e) {
-    res.set_header("Retry-After", "1");
-    return send_error(res, 503, "unavailable_error", cat("server busy: ", e.what()));
+    return send_error(ex, 503, "unavailable_error", cat("server busy: ", e.what()), "", {{"Retry-After", "1"}});
   } catch (const Error& e) {
-    return send_error(res, 400, "invalid_request_error", e.what());
+    return send_error(ex, 400, "invalid_request_error", e.what());
   }
 
   // Pumps the engine's events through the builder. emit(payload) returns false when the client is
   // gone; the request is then cancelled. Returns the final event (done) or nullopt if abandoned.
   auto builder = std::make_shared<ResponseBuilder>(*model_.tokenizer, prep.response);
-  auto pump_events = [this, ch, builder, engine_id, t_arrival](const std::function<bool(const std::string&)>& emit,
-                                                              const std::function<bool()>& client_alive) -> bool {
+  auto pump_events = [this, ch, builder, engine_id, t_arrival, &ex](const std::function<bool(const std::string&)>& emit,
+                                                                   const std::function<bool()>& client_alive) -> bool {
     bool first = true;
     Clock::time_point t_first{};
     Clock::time_point last_check = Clock::now();
@@ -279,7 +288,7 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
         ch->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !ch->events.empty(); });
         batch.swap(ch->events);
       }
-      if (stopping_) {  // shutting down: do not let a long generation hold the exit
+      if (ex.cancelled()) {  // shutting down past the grace period: do not let a long generation hold the exit
         ch->abandon = true;
         engine_->cancel(engine_id);
         emit(error_json(503, "unavailable_error", "server shutting down"));
@@ -335,9 +344,7 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
       }
     }
   };
-  // Nothing may escape: httplib 0.11.4 catches exceptions only around routing, so one thrown from a
-  // streaming content provider aborts the process; and a request whose answer failed must not keep
-  // generating for nobody.
+  // Nothing may escape: a request whose answer failed must not keep generating for nobody.
   auto pump = [this, ch, engine_id, pump_events](const std::function<bool(const std::string&)>& emit,
                                                  const std::function<bool()>& client_alive) -> bool {
     try {
@@ -350,51 +357,34 @@ void HttpServer::handle_generate(Endpoint ep, const httplib::Request& req, httpl
       return false;
     }
   };
+  auto client_alive = [&ex] { return ex.peer_alive(); };
 
   if (!prep.response.stream) {
     std::string body;
     int status = 200;
-    // httplib gives no socket; find this connection's (client_socket.h) to see a client that leaves.
-    const int fd = find_connection_fd(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-    if (fd < 0) log_debug("request ", serial, ": connection socket not found, a disconnect will not cancel it");
     const bool done = pump(
         [&](const std::string& p) {
           body = p;
           if (p.rfind("{\"error\"", 0) == 0) status = json::parse(p)["error"]["code"].get<int>();
           return true;
         },
-        [fd] { return fd < 0 || !peer_hung_up(fd); });
-    if (!done && body.empty()) {  // the client left (nginx's 499): nobody reads this, httplib needs an answer
+        client_alive);
+    if (!done && body.empty()) {  // the client left (nginx's 499): nobody reads this
       status = 499;
       body = error_json(499, "invalid_request_error", "client closed the connection");
     }
-    res.status = status;
-    res.set_content(body, "application/json");
+    ex.reply(status, std::move(body), "application/json");
     return;
   }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [pump](size_t, httplib::DataSink& sink) {
-        auto emit = [&sink](const std::string& p) {
-          const std::string frame = "data: " + p + "\n\n";
-          return sink.write(frame.data(), frame.size());
-        };
-        if (pump(emit, [&sink] { return sink.is_writable(); })) {
-          const std::string done = "data: [DONE]\n\n";
-          sink.write(done.data(), done.size());
-        }
-        sink.done();
-        return true;
-      },
-      [ch, this, engine_id](bool success) {
-        if (!success && !ch->abandon) {  // the connection broke before the provider ran to the end
-          metrics_.count_client_gone();
-          ch->abandon = true;
-          engine_->cancel(engine_id);
-        }
-      });
+  if (!ex.start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
+    metrics_.count_client_gone();
+    ch->abandon = true;
+    engine_->cancel(engine_id);
+    return;
+  }
+  auto emit = [&ex](const std::string& p) { return ex.write_chunk("data: " + p + "\n\n"); };
+  if (pump(emit, client_alive)) ex.write_chunk("data: [DONE]\n\n");
+  ex.end_stream();
 }
 
 }  // namespace kd

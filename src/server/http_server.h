@@ -1,5 +1,6 @@
-// The OpenAI-compatible HTTP server (issue 6; docs/architecture.md "Server"). cpp-httplib accepts
-// connections on a pool of worker threads; each request handler parses and validates the body,
+// The OpenAI-compatible HTTP server (issue 6; docs/architecture.md "Server"): the routes over
+// HttpTransport (http_transport.h: connections, limits, deadlines, shutdown). Each request handler
+// runs on a worker thread, parses and validates the body,
 // prepares the prompt, submits to the engine and then pumps the engine's events for that request
 // through a ResponseBuilder — into one JSON response, or SSE chunks as they come. The server talks
 // to the engine only through Engine::submit / cancel / metrics and the per-request event callback.
@@ -16,9 +17,9 @@
 
 #include "engine/engine.h"
 #include "server/metrics.h"
+#include "server/http_transport.h"
 #include "server/prepare.h"
 
-namespace httplib { class Server; struct Request; struct Response; }
 
 namespace kd {
 
@@ -26,10 +27,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;             // 0: any free port (port() tells which)
   std::string api_key;         // empty: no authentication
-  int64_t timeout_s = 600;     // read / write timeout of a connection (a stalled client is dropped)
-  int64_t idle_timeout_s = 5;  // keep-alive: an idle connection is closed after this
-  size_t max_body_bytes = size_t(16) << 20;
-  int http_threads = 0;        // worker threads; 0: 96
+  HttpLimits limits;           // body/header sizes, deadlines, connections, workers, shutdown grace
 };
 
 class HttpServer {
@@ -42,23 +40,27 @@ class HttpServer {
   void bind();      // throws kd::Error naming host:port when the address cannot be bound
   int port() const { return port_; }
   void listen();    // serves until stop(); call after bind(), on its own thread
-  void stop();      // stops accepting, cancels streams in flight; listen() returns
+  void stop();      // graceful: stops accepting, lets requests in flight finish within the grace period,
+                    // then cancels streams; listen() returns
+  void stop_now();  // the same without the grace period
   // The model is loaded: serve it. `model.tokenizer` and `engine` must outlive the server's listen().
   void set_ready(ServedModel model, Engine& engine);
 
  private:
-  void handle_generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
-  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_models(httplib::Response& res);
-  void handle_model(const std::string& id, httplib::Response& res);  // 404 unless `id` is the served model
+  void route(const HttpRequest& req, HttpExchange& ex);
+  void handle_generate(Endpoint ep, const HttpRequest& req, HttpExchange& ex);
+  void handle_tokenize(const HttpRequest& req, HttpExchange& ex);
+  void handle_detokenize(const HttpRequest& req, HttpExchange& ex);
+  void handle_models(HttpExchange& ex);
+  void handle_model(const std::string& id, HttpExchange& ex);  // 404 unless `id` is the served model
   nlohmann::json model_object() const;  // the served model as /v1/models lists it
-  bool ready(httplib::Response& res);  // false (503 written) while loading
+  bool ready(HttpExchange& ex);  // false (503 written) while loading
+  bool authorized(const HttpRequest& req) const;
 
   ServerOptions opt_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpTransport> http_;
   int port_ = 0;
-  std::atomic<bool> ready_{false}, stopping_{false};
+  std::atomic<bool> ready_{false};
   ServedModel model_;
   Engine* engine_ = nullptr;
   ServerMetrics metrics_;

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -253,16 +254,13 @@ def test_slow_client_times_out(tiny_model, tmp_path):
 
 
 def test_health_503_while_loading(tiny_model, tmp_path):
-    """The server binds before it loads: with config.json a FIFO nobody has written yet the load
-    blocks, and every route answers 503 (Retry-After) until the config arrives."""
-    import os
-    import shutil
-    model = tmp_path / "tiny-slow"
-    shutil.copytree(tiny_model, model)
-    config = (model / "config.json").read_bytes()
-    (model / "config.json").unlink()
-    os.mkfifo(model / "config.json")
-    s = Server(model, tmp_path / "serve.log", wait_ready=False)
+    """The server binds before it loads: while it loads (held there for 3 s by the testing aid
+    KDTREE_SERVE_LOAD_DELAY_MS) every route answers 503 (Retry-After), then it serves."""
+    os.environ["KDTREE_SERVE_LOAD_DELAY_MS"] = "3000"
+    try:
+        s = Server(tiny_model, tmp_path / "serve.log", wait_ready=False)
+    finally:
+        del os.environ["KDTREE_SERVE_LOAD_DELAY_MS"]
     try:
         status, hdrs, data = s.request("GET", "/health")
         check_error(status, json.loads(data), 503, "unavailable_error", None, ["loading"])
@@ -270,8 +268,6 @@ def test_health_503_while_loading(tiny_model, tmp_path):
         check_error(status, r, 503, "unavailable_error")
         assert hdrs["retry-after"] == "1"
         assert s.metrics()["kdtree_model_loading"] == 1
-        with open(model / "config.json", "wb") as f:
-            f.write(config)
         s.wait_ready()
         assert s.metrics()["kdtree_model_loading"] == 0
         assert s.post(CHAT, {"messages": MSGS, "max_tokens": 2})[0] == 200
@@ -294,7 +290,7 @@ def test_sigterm_mid_stream_exits_promptly(tiny_model, tmp_path):
     """SIGTERM with a long stream in flight: the stream is cancelled (it gets an error event, no
     [DONE]) and the server exits 0 within seconds, not after the generation."""
     import socket
-    s = Server(tiny_model, tmp_path / "serve.log")
+    s = Server(tiny_model, tmp_path / "serve.log", "--shutdown-grace", "1")
     body = b'{"prompt":"long","max_tokens":100000,"ignore_eos":true,"stream":true}'
     sock = socket.create_connection(("127.0.0.1", s.port))
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
