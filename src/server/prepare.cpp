@@ -1,9 +1,9 @@
 #include "server/prepare.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -12,26 +12,27 @@ using json = nlohmann::json;
 GenerationDefaults load_generation_defaults(const std::string& dir) {
   GenerationDefaults d;
   const std::string path = dir + "/generation_config.json";
-  if (!std::filesystem::exists(path)) return d;
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail(path, ": not a JSON object");
-  auto number = [&](const char* key) -> std::optional<double> {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return d;
+  const json j = parse_json(read_text_file(path, kMaxConfigBytes), path);
+  if (!j.is_object()) fail(path, ": not a JSON object");
+  // Every value is range-checked before it is converted (a double beyond int32 is undefined behaviour).
+  auto number = [&](const char* key, double lo, double hi) -> std::optional<double> {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
-    if (!it->is_number()) fail(path, ": '", key, "' is not a number");
-    return it->get<double>();
+    if (!it->is_number()) fail(path, ": '", key, "' is not a number (found ", json_excerpt(*it), ")");
+    const double v = it->get<double>();
+    if (!(v >= lo && v <= hi)) fail(path, ": '", key, "' = ", v, " is out of range [", lo, ", ", hi, "]");
+    return v;
   };
   // do_sample: false means greedy whatever temperature says (transformers' rule).
   const bool greedy = j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>();
-  if (auto v = number("temperature")) d.temperature = greedy ? 0.0f : float(*v);
+  if (auto v = number("temperature", 0, 1e6)) d.temperature = greedy ? 0.0f : float(*v);
   else if (greedy) d.temperature = 0.0f;
-  if (auto v = number("top_p")) d.top_p = float(*v);
-  if (auto v = number("min_p")) d.min_p = float(*v);
-  if (auto v = number("top_k")) d.top_k = int32_t(*v);
-  if (auto v = number("max_new_tokens")) d.max_new_tokens = int64_t(*v);
+  if (auto v = number("top_p", 0, 1)) d.top_p = float(*v);
+  if (auto v = number("min_p", 0, 1)) d.min_p = float(*v);
+  if (auto v = number("top_k", -1, 2147483647.0)) d.top_k = int32_t(*v);
+  if (auto v = number("max_new_tokens", 0, 9e15)) d.max_new_tokens = int64_t(*v);
   SamplingParams p;
   p.temperature = d.temperature.value_or(0.0f);
   p.top_p = d.top_p.value_or(1.0f);
