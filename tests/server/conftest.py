@@ -7,7 +7,10 @@ Clients: the official `openai` Python client (python/requirements-test.txt pins 
 the fixture tokenizer exactly as tokenization_kimi.py builds Kimi's, and jinja2 rendering the
 committed chat template (tests/fixtures/chat-templates/kimi-k2.jinja) the way transformers does.
 
-The binary comes from $KDTREE_BIN (default <repo>/build/release/kdtree).
+The binary comes from $KDTREE_BIN (default <repo>/build/release/kdtree). On a GPU machine
+scripts/gpu-check runs some of these tests with KDTREE_SERVE_WRAP (a command the server runs under,
+e.g. "compute-sanitizer --tool memcheck"), KDTREE_SERVE_ARGS (extra flags, e.g. "--device cuda") and
+KDTREE_SERVE_DRAFTER=1 (serve the tiny model with a DFlash drafter made for it: DDTree serving).
 """
 from __future__ import annotations
 
@@ -39,12 +42,35 @@ class Server:
     def __init__(self, model: Path, log: Path, *args: str, wait_ready: bool = True):
         self.log = log
         # --idle-timeout 1: stopping waits for idle keep-alive connections (the client pools them).
-        self.args = [str(BIN), "serve", "-m", str(model), "--port", "0", "-t", "1", "--idle-timeout", "1", *map(str, args)]
+        wrap = os.environ.get("KDTREE_SERVE_WRAP", "").split()
+        extra = os.environ.get("KDTREE_SERVE_ARGS", "").split()
+        drafter = model.parent / (model.name + "-dflash")
+        if os.environ.get("KDTREE_SERVE_DRAFTER") and drafter.is_dir() and "--draft" not in args:
+            extra += ["--draft", str(drafter)]  # DDTree serving (the tiny_model fixture made the drafter)
+        self.args = [*wrap, str(BIN), "serve", "-m", str(model), "--port", "0", "-t", "1", "--idle-timeout", "1",
+                     *extra, *map(str, args)]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=REPO)
         self.port = self._wait_port()
         self.base = f"http://127.0.0.1:{self.port}"
         if wait_ready:
             self.wait_ready()
+
+    @property
+    def pid(self) -> int:
+        """The kdtree process itself (under KDTREE_SERVE_WRAP, the wrapper's kdtree descendant)."""
+        if not os.environ.get("KDTREE_SERVE_WRAP"):
+            return self.proc.pid
+        todo = [self.proc.pid]
+        while todo:
+            p = todo.pop()
+            try:
+                if Path(f"/proc/{p}/comm").read_text().strip() == "kdtree":
+                    return p
+                for t in Path(f"/proc/{p}/task").iterdir():
+                    todo += [int(c) for c in (t / "children").read_text().split()]
+            except OSError:
+                pass
+        return self.proc.pid
 
     def _wait_port(self) -> int:
         deadline = time.time() + 30
@@ -113,6 +139,9 @@ def tiny_model(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("models") / "tiny"
     subprocess.run([str(BIN), "make-model", "--preset", "tiny", "--seed", "0", "-o", str(d), "--force",
                     "--tokenizer", str(TOK)], check=True, capture_output=True)
+    if os.environ.get("KDTREE_SERVE_DRAFTER"):
+        subprocess.run([str(BIN), "make-model", "--drafter-for", str(d), "-o", str(d.parent / "tiny-dflash"), "--force"],
+                       check=True, capture_output=True)
     return d
 
 

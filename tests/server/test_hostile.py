@@ -442,7 +442,7 @@ def test_hostile_load_stays_flat(tiny_model, tmp_path):
         with ThreadPoolExecutor(max_workers=64) as ex:  # warm-up: allocator pools, every thread started
             list(ex.map(one, range(128)))
         quiet()
-        before = proc_stats(s.proc.pid)
+        before = proc_stats(s.pid)
         t_end, i, done = time.time() + seconds, 128, 0
         with ThreadPoolExecutor(max_workers=64) as ex:
             while time.time() < t_end:
@@ -450,7 +450,7 @@ def test_hostile_load_stays_flat(tiny_model, tmp_path):
                 i += 128
                 done += 128
         quiet()
-        after = proc_stats(s.proc.pid)
+        after = proc_stats(s.pid)
         assert not failures, failures[:10]
         assert done >= 128
         rss0, th0, fd0 = before
