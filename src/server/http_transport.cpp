@@ -346,7 +346,9 @@ class Exchange final : public HttpExchange {
   }
   bool peer_alive() override {
     if (broken_) return false;
-    pollfd p{c_->stream.socket().native_handle(), POLLRDHUP, 0};
+    const int fd = c_->stream.socket().native_handle();
+    if (fd < 0) return false;  // closed under us (shutdown)
+    pollfd p{fd, POLLRDHUP, 0};
     if (poll(&p, 1, 0) < 0) return true;  // EINTR: look again next time
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
   }
