@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -24,9 +25,15 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--preset", o.preset,
                 "k2-slice: Kimi K2's exact shapes with 12 layers (1 dense + 11 MoE), INT4 experts, random weights made on "
                 "the GPU (--device cuda)");
-  c->add_option("-p,--n-prompt", o.n_prompt, "Prompt tokens for the prefill test")->check(CLI::Range(1, 1 << 20));
-  c->add_option("-n,--n-gen", o.n_gen, "Tokens for the decode test")->check(CLI::Range(1, 1 << 20));
-  c->add_option("-r,--repetitions", o.repetitions, "Repetitions; the median is reported")->check(CLI::Range(1, 1000));
+  c->add_option("-p,--n-prompt", o.n_prompt, "Prompt tokens for the prefill test")
+      ->transform(whole_number(o.n_prompt))
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("-n,--n-gen", o.n_gen, "Tokens for the decode test")
+      ->transform(whole_number(o.n_gen))
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("-r,--repetitions", o.repetitions, "Repetitions; the median is reported")
+      ->transform(whole_number(o.repetitions))
+      ->check(CLI::Range(1, 1000));
   c->add_option("--device", o.device, "cpu (default) or cuda (GPU 0; prints the verify cost curve too)");
   c->add_flag("--json", o.json, "Print one JSON object");
   c->add_option("--serve", o.serve,
@@ -34,6 +41,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
                  "max(8, 2C) requests of -p prompt and -n new tokens submitted at once with --parallel C: tokens/s, TTFT "
                  "and TPOT percentiles; then TTFT of a -p-token prompt without and with a prefix-cache hit")
       ->delimiter(',')
+      ->transform(whole_number(o.serve))
       ->check(CLI::Range(1, 1024));
   c->add_flag("--verify-curve", o.verify_curve,
               "Also time one DDTree verify forward over N tree nodes, N = 1, 2, 4 … 64, after the prompt: cost(N)/cost(1)");
@@ -41,6 +49,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
                 "Tree nodes N of the verify curve (default 1,2,4,8,16,32,64; the first is the cost ratio's base; "
                 "on the CPU with --verify-curve)")
       ->delimiter(',')
+      ->transform(whole_number(o.verify_sizes))
       ->check(CLI::Range(1, 4096));
 }
 

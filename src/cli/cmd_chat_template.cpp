@@ -4,11 +4,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/untrusted.h"
 #include "tokenizer/chat.h"
 
 namespace kd::cli {
@@ -16,11 +15,11 @@ namespace kd::cli {
 namespace {
 
 std::string read_text(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(what, " file '", path, "': cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  try {
+    return read_text_file(path, kMaxConfigBytes);
+  } catch (const Error& e) {
+    fail(what, " file: ", e.what());
+  }
 }
 
 }  // namespace

@@ -2,13 +2,13 @@
 // safetensors headers only (no tensor data is read).
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/error.h"
+#include "core/untrusted.h"
 #include "io/checkpoint.h"
 #include "model/tensor_plan.h"
 
@@ -21,7 +21,9 @@ void add_inspect(CLI::App& app, InspectOptions& o) {
   auto* f = c->add_option("--config", o.config, "A config.json instead of a directory");
   m->excludes(p, f);
   p->excludes(f);
-  c->add_option("--ctx", o.ctx, "Context length for the memory estimate")->check(CLI::PositiveNumber);
+  c->add_option("--ctx", o.ctx, "Context length for the memory estimate")
+      ->transform(whole_number(o.ctx))
+      ->check(CLI::PositiveNumber);
   c->add_flag("--json", o.json, "Print one JSON object");
 }
 
@@ -51,11 +53,7 @@ int cmd_inspect(const InspectOptions& o) {
     c = parse_model_config(preset_config_json(o.preset), "preset " + o.preset);
     source = "preset " + o.preset;
   } else if (!o.config.empty()) {
-    std::ifstream f(o.config, std::ios::binary);
-    if (!f) fail(o.config, ": cannot open");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    c = parse_model_config(ss.str(), o.config);
+    c = parse_model_config(read_text_file(o.config, kMaxConfigBytes), o.config);
     source = o.config;
   } else {
     fail("inspect needs -m DIR, --preset NAME or --config FILE");

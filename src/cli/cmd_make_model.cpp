@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/log.h"
+#include "model/dflash.h"
 #include "model/make_drafter.h"
 
 namespace kd::cli {
@@ -17,13 +19,20 @@ void add_make_model(CLI::App& app, MakeModelOptions& o) {
                           "Write a random DFlash drafter (published DFlashDraftModel format) for this target directory");
   p->excludes(f);
   d->excludes(p, f);
-  c->add_option("--draft-layers", o.draft_layers, "Drafter layers (with --drafter-for)")->check(CLI::Range(1, 64));
-  c->add_option("--block-size", o.block_size, "Drafter block size (with --drafter-for)")->check(CLI::Range(2, 64));
+  c->add_option("--draft-layers", o.draft_layers, "Drafter layers (with --drafter-for)")
+      ->transform(whole_number(o.draft_layers))
+      ->check(CLI::Range(1, 64));
+  c->add_option("--block-size", o.block_size, "Drafter block size (with --drafter-for)")
+      ->transform(whole_number(o.block_size))
+      ->check(CLI::Range(2, int(kMaxDFlashBlockSize)));
   c->add_option("-o,--out", o.out_dir, "Output directory")->required();
   c->add_option("--tokenizer", o.tokenizer_dir,
                  "Install this directory's tokenizer (tiktoken.model + tokenizer_config.json, or tokenizer.json) in the model");
-  c->add_option("-s,--seed", o.seed, "Seed of the random weights (same seed → same bytes)")->check(CLI::NonNegativeNumber);
-  c->add_option("--shards", o.shards, "Split into this many .safetensors files with an index")->check(CLI::Range(1, 99999));
+  c->add_option("-s,--seed", o.seed, "Seed of the random weights in [0, 2^64 − 1] (same seed → same bytes)")
+      ->transform(whole_number(o.seed));
+  c->add_option("--shards", o.shards, "Split into this many .safetensors files with an index")
+      ->transform(whole_number(o.shards))
+      ->check(CLI::Range(1, 99999));
   c->add_flag("--force", o.force, "Overwrite a non-empty output directory");
 }
 

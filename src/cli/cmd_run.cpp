@@ -7,10 +7,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
+#include "core/untrusted.h"
 #include "io/safetensors.h"
+#include "model/dflash.h"
 #include "model/deepseek_v3.h"
 #include "spec/ar.h"
 #include "tokenizer/chat.h"
@@ -25,6 +28,10 @@
 
 namespace kd::cli {
 
+namespace {
+constexpr int64_t kDefaultSyntheticBlock = 8;
+}
+
 void add_run(CLI::App& app, RunOptions& o) {
   auto* c = app.add_subcommand("run", "Generate tokens from a prompt");
   c->add_option("-m,--model", o.model, "Checkpoint directory (config.json + *.safetensors)")->required();
@@ -38,14 +45,19 @@ void add_run(CLI::App& app, RunOptions& o) {
       ->check(CLI::IsMember({"on", "off"}));
   c->add_flag("--parse-special", o.parse_special, "Let special-token names in -p text become special tokens");
   c->add_option("--prompt-ids", o.prompt_ids, "Prompt as comma-separated token ids, e.g. 163584,1,2");
-  c->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (stops earlier at an EOS id)")->check(CLI::Range(int64_t(0), int64_t(1) << 30));
-  c->add_option("-c,--ctx-size", o.ctx_size, "Context limit in tokens (0 = the model's max_position_embeddings)")->check(CLI::NonNegativeNumber);
+  c->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (stops earlier at an EOS id)")
+      ->transform(whole_number(o.n_predict))
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  c->add_option("-c,--ctx-size", o.ctx_size, "Context limit in tokens (0 = the model's max_position_embeddings)")
+      ->transform(whole_number(o.ctx_size))
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--temp", o.temp, "Sampling temperature; 0 = greedy (default)");
-  c->add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = off)");
+  c->add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = off)")->transform(whole_number(o.top_k));
   c->add_option("--top-p", o.top_p, "Nucleus sampling: keep the smallest set with this much probability (1 = off)");
   c->add_option("--min-p", o.min_p, "Drop tokens below min-p × the top token's probability (0 = off)");
-  c->add_option("-s,--seed", o.seed, "Sampling seed: the token at position p uses Philox(seed, p), so runs are reproducible")
-      ->check(CLI::NonNegativeNumber);
+  c->add_option("-s,--seed", o.seed,
+                "Sampling seed in [0, 2^64 − 1]: the token at position p uses Philox(seed, p), so runs are reproducible")
+      ->transform(whole_number(o.seed));
   c->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's EOS ids");
   c->add_option("--spec", o.spec,
                  "Decoder: ar (plain autoregressive), ddtree (tree speculation) or dflash (the drafter's top-1 chain)")
@@ -54,9 +66,16 @@ void add_run(CLI::App& app, RunOptions& o) {
                 "Drafter for --spec ddtree/dflash: a DFlash checkpoint directory, or synthetic:PROFILE — a stand-in that "
                 "knows the target's continuation (it runs AR first) and ranks the true token r-th with the given "
                 "probabilities, e.g. synthetic:0.7,0.2 or synthetic:oracle; for measurement only");
-  c->add_option("--budget", o.budget, "DDTree tree nodes per round, root excluded (default: block size − 1)");
-  c->add_option("--block-size", o.block_size, "Block size of a synthetic drafter (DFlash drafters bring their own)")
-      ->check(CLI::Range(2, 64));
+  c->add_option("--budget", o.budget,
+                cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ", kMaxTreeBudget,
+                    ": verify memory and time grow with budget², and gains flatten long before)"))
+      ->transform(whole_number(o.budget));
+  o.block_size = 0;  // 0: not given; a synthetic drafter then uses kDefaultSyntheticBlock
+  c->add_option("--block-size", o.block_size,
+                cat("Block size of a synthetic drafter (default ", kDefaultSyntheticBlock,
+                    "); a DFlash drafter brings its own, and a different value here is an error"))
+      ->transform(whole_number(o.block_size))
+      ->check(CLI::Range(int64_t(2), kMaxDFlashBlockSize));
   c->add_option("--device", o.device, "cpu (default) or cuda (the target and a DFlash drafter on GPU 0)");
   c->add_option("--decode-attn", o.decode_attn, "MLA form for decode steps: absorbed (default, over the latent cache) or expanded")
       ->check(CLI::IsMember({"absorbed", "expanded"}));
@@ -110,6 +129,23 @@ int cmd_run(const RunOptions& o) {
   if (!spec && !o.draft.empty()) fail("--draft only applies to --spec ddtree or dflash");
   if (o.budget != 0 && o.spec != "ddtree") fail("--budget only applies to --spec ddtree");
   if (o.budget < 0) fail("--budget must be at least 1 (got ", o.budget, ")");
+  if (o.budget > kMaxTreeBudget)
+    fail("--budget ", o.budget, " is more than ", kMaxTreeBudget, " tree nodes: verify memory and time grow with budget² "
+         "(the tree's ancestor mask and attention rows), and acceptance stops improving long before; try 16–256");
+  const bool synthetic = spec && o.draft.rfind("synthetic:", 0) == 0;
+  if (o.block_size != 0 && !spec) fail("--block-size only applies to --spec ddtree or dflash");
+  if (o.block_size != 0 && !synthetic) {
+    // A DFlash drafter was trained for one block size: refuse a different one rather than ignore it.
+    const std::string cpath = o.draft + "/config.json";
+    std::error_code ec;
+    if (std::filesystem::exists(cpath, ec)) {
+      const DFlashConfig dc = parse_dflash_config(read_text_file(cpath, kMaxConfigBytes), cpath);
+      if (dc.block_size != o.block_size)
+        fail("--block-size ", o.block_size, " differs from the drafter's block_size = ", dc.block_size, " (", cpath,
+             "): a DFlash drafter drafts the block it was trained for; drop --block-size");
+    }
+  }
+  const int64_t synthetic_block = o.block_size ? o.block_size : kDefaultSyntheticBlock;
   const int n_prompts = int(!o.prompt.empty()) + int(!o.prompt_ids.empty()) + int(!o.chat.empty());
   if (n_prompts > 1) fail("give one of --prompt, --chat or --prompt-ids");
   if (n_prompts == 0) fail("no prompt: pass -p TEXT, --chat MESSAGE or --prompt-ids 1,2,3");
@@ -172,7 +208,7 @@ int cmd_run(const RunOptions& o) {
   // The GPU target: weights uploaded once; its cache holds the prompt, the generation and one tree.
   std::unique_ptr<CudaTarget> gpu;
   if (cuda) {
-    const int64_t tree = spec ? (o.spec == "ddtree" && o.budget > 0 ? o.budget : (drafter ? drafter->block_size() : o.block_size)) : 0;
+    const int64_t tree = spec ? (o.spec == "ddtree" && o.budget > 0 ? o.budget : (drafter ? drafter->block_size() : synthetic_block)) : 0;
     const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
     gpu = std::make_unique<CudaTarget>(model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + tree + 2));
     log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
@@ -201,7 +237,7 @@ int cmd_run(const RunOptions& o) {
     GenerateResult ar = run_ar(ga, {});
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
-    drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, o.block_size, model.config().vocab_size, o.seed);
+    drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, synthetic_block, model.config().vocab_size, o.seed);
   }
 
   // Streaming: text through a StreamDecoder (partial UTF-8 held back) when there is a tokenizer,

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/untrusted.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kd::cli {
@@ -31,13 +31,8 @@ void add_tokenize(CLI::App& app, TokenizeOptions& o) {
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+// --file: a regular file (a FIFO or device would be read without end), up to 1 GiB.
+std::string read_all(const std::string& path) { return read_text_file(path, size_t(1) << 30); }
 
 std::vector<int32_t> parse_ids(std::string_view s, const Tokenizer& tok) {
   std::vector<int32_t> ids;
@@ -113,19 +108,14 @@ int cmd_tokenize(const TokenizeOptions& o) {
     while (std::getline(lines, line)) {
       ++line_no;
       if (line.empty()) continue;
-      nlohmann::json in;
-      try {
-        in = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        fail(o.file, ":", line_no, ": not JSON: ", e.what());
-      }
+      const nlohmann::json in = parse_json(line, cat(o.file, ":", line_no));
       nlohmann::ordered_json out;
       if (o.decode) {
         if (!in.is_array()) fail(o.file, ":", line_no, ": expected a JSON array of ids");
         std::vector<int32_t> ids;
         for (const auto& v : in) {
           if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok->vocab_size())
-            fail(o.file, ":", line_no, ": ", v.dump(), " is not a token id in [0, ", tok->vocab_size(), ")");
+            fail(o.file, ":", line_no, ": ", json_excerpt(v), " is not a token id in [0, ", tok->vocab_size(), ")");
           ids.push_back(v.get<int32_t>());
         }
         out["text"] = tok->decode(ids);

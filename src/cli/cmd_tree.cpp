@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "spec/tree.h"
@@ -15,13 +16,17 @@ namespace kd::cli {
 void add_tree(CLI::App& app, TreeOptions& o) {
   auto* c = app.add_subcommand("tree", "Build a DDTree draft tree from draft logits and print it");
   c->add_option("--logits", o.logits, "safetensors file with tensor 'logits' F32 [positions, vocab]")->required();
-  c->add_option("--budget", o.budget, "Tree nodes, root excluded")->required();
+  c->add_option("--budget", o.budget, cat("Tree nodes, root excluded (at most ", kMaxTreeBudget, ")"))
+      ->required()
+      ->transform(whole_number(o.budget));
   c->add_flag("--chain", o.chain, "Build the top-1 chain (DFlash verify) instead of a tree");
   c->add_flag("--json", o.json, "Print one JSON object");
 }
 
 int cmd_tree(const TreeOptions& o) {
   if (o.budget < 1) fail("--budget must be at least 1 (got ", o.budget, ")");
+  if (o.budget > kMaxTreeBudget)
+    fail("--budget ", o.budget, " is more than ", kMaxTreeBudget, " tree nodes (the printed visibility mask is budget² entries)");
   SafetensorsFile f(o.logits);
   const TensorInfo* t = f.find("logits");
   if (!t) fail(o.logits, ": no tensor 'logits'");

@@ -4,9 +4,11 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "core/untrusted.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kdtree " KDTREE_VERSION
@@ -17,7 +19,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kdtree " KDTREE_VERSION);
   int threads = 0;
   bool verbose = false, quiet = false;
-  app.add_option("-t,--threads", threads, "CPU threads (default: all cores, or $KDTREE_THREADS)")->check(CLI::Range(1, 1024));
+  app.add_option("-t,--threads", threads, "CPU threads (default: all cores, or $KDTREE_THREADS)")
+      ->transform(kd::cli::whole_number(threads))
+      ->check(CLI::Range(1, 1024));
   app.add_flag("-v,--verbose", verbose, "More logging on stderr");
   app.add_flag("-q,--quiet", quiet, "No logging or progress on stderr (errors still print)");
 
@@ -65,11 +69,9 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("tokenize")) return kd::cli::cmd_tokenize(tokenize);
     if (app.got_subcommand("chat-template")) return kd::cli::cmd_chat_template(chat_template);
     if (app.got_subcommand("serve")) return kd::cli::cmd_serve(serve);
-  } catch (const kd::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {  // kd::Error, and the library's (bad_alloc, filesystem_error, …)
+    // Messages quote names and values from files; whatever slipped through unescaped stops here.
+    std::fprintf(stderr, "error: %s\n", kd::printable_message(e.what()).c_str());
     return 1;
   }
   return 0;

@@ -39,7 +39,9 @@ J parse_bounded(std::string_view text, const std::string& label, int max_depth) 
   try {
     return J::parse(text);
   } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for 1e999
-    fail(label, ": not valid JSON: ", e.what());
+    // nlohmann quotes the token it stopped at ("last read: '…'"), which is the input's own bytes
+    // (a whole string token, invalid UTF-8 and all): escaped and cut.
+    fail(label, ": not valid JSON: ", escaped_excerpt(e.what(), 200));
   }
 }
 
@@ -111,6 +113,56 @@ std::string escaped_excerpt(std::string_view bytes, size_t max_chars) {
     }
   }
   return out;
+}
+
+std::string printable_message(std::string_view text, size_t max_bytes) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  auto escape = [&](unsigned char c) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  };
+  for (size_t i = 0; i < text.size();) {
+    if (out.size() >= max_bytes) {
+      out += "…";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) escape(c);
+      else out += char(c);
+      ++i;
+      continue;
+    }
+    // The length of a well-formed UTF-8 sequence starting here (no overlongs, no surrogates, ≤ U+10FFFF), or 0.
+    size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (n && i + n <= text.size()) {
+      const auto b1 = static_cast<unsigned char>(text[i + 1]);
+      const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+      const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+      bool ok = b1 >= lo && b1 <= hi;
+      for (size_t k = 2; k < n && ok; ++k) ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+      if (ok && c == 0xC2 && b1 < 0xA0) ok = false;  // U+0080..U+009F: C1 controls (0x9B is a terminal's CSI)
+      if (ok) {
+        out.append(text.data() + i, n);
+        i += n;
+        continue;
+      }
+    }
+    escape(c);
+    ++i;
+  }
+  return out;
+}
+
+nlohmann::json read_json_file(const std::string& path, size_t max_bytes) {
+  return parse_json(read_text_file(path, max_bytes), path);
 }
 
 std::string read_text_file(const std::string& path, size_t max_bytes) {

@@ -41,9 +41,17 @@ std::string json_excerpt(const nlohmann::ordered_json& v, size_t max_chars = 60)
 // `max_chars` output characters with "…".
 std::string escaped_excerpt(std::string_view bytes, size_t max_chars = 60);
 
+// A message for a terminal or a log: valid UTF-8 kept as it is, control characters (C0, DEL, C1)
+// and bytes that are not UTF-8 escaped as \n, \t, \xNN, cut after `max_bytes` with "…". The net
+// under every error kdtree prints (cli/main.cpp), whatever a message copied from its input.
+std::string printable_message(std::string_view text, size_t max_bytes = 4096);
+
 // The whole of a regular file of at most `max_bytes` bytes. Errors name `path` and say what is wrong:
 // missing, not a regular file (FIFO, device, directory — symlinks are followed), larger than the cap,
 // unreadable. Opening never blocks (O_NONBLOCK), so a FIFO swapped in after the check cannot hang us.
 std::string read_text_file(const std::string& path, size_t max_bytes);
+
+// parse_json(read_text_file(path, max_bytes), path): a JSON file of a checkpoint directory.
+nlohmann::json read_json_file(const std::string& path, size_t max_bytes = kMaxConfigBytes);
 
 }  // namespace kd

@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -22,19 +21,20 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   // generation_config.json may name more stop ids (K2-Thinking stops at <|im_end|> 163586, not
   // config.json's [EOS]); a user of the checkpoint expects both honoured.
   if (const std::string gpath = dir + "/generation_config.json"; fs::exists(gpath)) {
-    std::ifstream f(gpath, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) fail(gpath, ": not a JSON object");
+    const nlohmann::json j = read_json_file(gpath, kMaxConfigBytes);
+    if (!j.is_object()) fail(gpath, ": not a JSON object");
     if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
-      const nlohmann::json ids = e->is_array() ? *e : nlohmann::json::array({*e});
-      for (const auto& v : ids) {
+      auto add = [&](const nlohmann::json& v) {
         if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= config_.vocab_size)
-          fail(gpath, ": eos_token_id ", v.dump(), " is not a token id in [0, ", config_.vocab_size, ")");
+          fail(gpath, ": eos_token_id ", json_excerpt(v), " is not a token id in [0, ", config_.vocab_size, ")");
         const int32_t id = v.get<int32_t>();
         if (std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), id) == config_.eos_token_ids.end())
           config_.eos_token_ids.push_back(id);
+      };
+      if (e->is_array()) {
+        for (const auto& v : *e) add(v);
+      } else {
+        add(*e);
       }
     }
   }
@@ -44,24 +44,24 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::map<std::string, std::string> weight_map;
   if (fs::exists(index_path)) {
     where_ = index_path;
-    std::ifstream f(index_path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) fail(index_path, ": not valid JSON");
+    const nlohmann::json j = read_json_file(index_path, kMaxConfigBytes);
+    if (!j.is_object()) fail(index_path, ": not a JSON object");
     auto wm = j.find("weight_map");
     if (wm == j.end() || !wm->is_object()) fail(index_path, ": missing \"weight_map\" object");
     std::set<std::string> seen;
     for (auto it = wm->begin(); it != wm->end(); ++it) {
-      if (!it.value().is_string()) fail(index_path, ": weight_map entry '", it.key(), "' is not a file name");
+      if (!it.value().is_string())
+        fail(index_path, ": weight_map entry '", escaped_excerpt(it.key(), 200), "' is not a file name");
       std::string shard = it.value().get<std::string>();
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-        fail(index_path, ": weight_map entry '", it.key(), "' names '", shard, "', not a file in this directory");
+        fail(index_path, ": weight_map entry '", escaped_excerpt(it.key(), 200), "' names '", escaped_excerpt(shard, 200),
+             "', not a file in this directory");
       weight_map[it.key()] = shard;
       if (seen.insert(shard).second) shard_names.push_back(shard);
     }
     for (const auto& s : shard_names)
-      if (!fs::exists(dir + "/" + s)) fail(index_path, ": lists shard '", s, "', which is absent from ", dir);
+      if (!fs::exists(dir + "/" + s))
+        fail(index_path, ": lists shard '", escaped_excerpt(s, 200), "', which is absent from ", dir);
   } else if (fs::exists(dir + "/model.safetensors")) {
     where_ = dir + "/model.safetensors";
     shard_names.push_back("model.safetensors");
@@ -69,8 +69,15 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     fail(dir, ": no model.safetensors and no model.safetensors.index.json");
   }
 
+  // Every shard a regular file before any is opened: a FIFO would block open(), a device would
+  // map endless bytes (MappedFile refuses both too, without blocking).
   uint64_t total = 0;
-  for (const auto& s : shard_names) total += fs::file_size(dir + "/" + s);
+  for (const auto& s : shard_names) {
+    const std::string p = dir + "/" + s;
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec)) fail(p, ": not a regular file (a safetensors shard must be one; symlinks are followed)");
+    total += fs::file_size(p, ec);
+  }
   Progress progress("mapping shards", shard_names.size(), "files");
   for (const auto& s : shard_names) {
     files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + s));
@@ -81,13 +88,15 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
         if (it == weight_map.end() || it->second != s) continue;  // the index is authoritative
       }
       if (!tensors_.emplace(t.name, TensorRef{&t, f}).second)
-        fail(f->path(), ": tensor '", t.name, "' appears in more than one shard");
+        fail(f->path(), ": tensor '", escaped_excerpt(t.name, 200), "' appears in more than one shard");
     }
     progress.add(1);
   }
   progress.finish();
   for (const auto& [name, shard] : weight_map)
-    if (!tensors_.count(name)) fail(index_path, ": lists tensor '", name, "' in '", shard, "', but that shard does not hold it");
+    if (!tensors_.count(name))
+      fail(index_path, ": lists tensor '", escaped_excerpt(name, 200), "' in '", escaped_excerpt(shard, 200),
+           "', but that shard does not hold it");
   log_debug("checkpoint ", dir, ": ", files_.size(), " file(s), ", tensors_.size(), " tensors, ", total, " bytes");
 }
 

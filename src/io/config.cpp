@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/untrusted.h"
 #include "io/json_fields.h"
 
 namespace kd {
@@ -51,13 +51,13 @@ QuantConfig parse_quant(const json& q, const std::string& label) {
   if (const json* ig = r.get("ignore")) {
     if (!ig->is_array()) fail(label, ": quantization_config.ignore must be a list");
     for (const auto& s : *ig) {
-      if (!s.is_string()) fail(label, ": quantization_config.ignore holds a non-string ", s.dump());
+      if (!s.is_string()) fail(label, ": quantization_config.ignore holds a non-string ", json_excerpt(s));
       std::string p = s.get<std::string>();
       if (p.rfind("re:", 0) == 0) {
         try {
           out.ignore_re.emplace_back(p.substr(3));
         } catch (const Error& e) {
-          fail(label, ": quantization_config.ignore pattern '", p, "' is not a valid regex: ", e.what());
+          fail(label, ": quantization_config.ignore pattern '", escaped_excerpt(p, 200), "' is not a valid regex: ", e.what());
         }
       } else {
         out.ignore.push_back(std::move(p));  // an exact module name
@@ -128,8 +128,7 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
 
 namespace {
 ModelConfig parse_model_config_impl(const std::string& json_text, const std::string& label) {
-  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) fail(label, ": not valid JSON");
+  json root = parse_json(json_text, label);
   if (!root.is_object()) fail(label, ": top level is not a JSON object");
   ModelConfig c;
   c.model_type = JsonFields{root, label}.string_or("model_type", "");
@@ -214,7 +213,7 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
   if (const json* e = r.get("eos_token_id")) {
     auto add = [&](const json& v) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.vocab_size)
-        fail(tl, ": eos_token_id ", v.dump(), " is not a token id in [0, ", c.vocab_size, ")");
+        fail(tl, ": eos_token_id ", json_excerpt(v), " is not a token id in [0, ", c.vocab_size, ")");
       c.eos_token_ids.push_back(v.get<int32_t>());
     };
     if (e->is_array()) {
@@ -249,11 +248,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 ModelConfig load_model_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open (is ", dir, " a HuggingFace checkpoint directory?)");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_model_config(ss.str(), path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(path, ": cannot open (is ", dir, " a HuggingFace checkpoint directory?)");
+  return parse_model_config(read_text_file(path, kMaxConfigBytes), path);
 }
 
 }  // namespace kd

@@ -1,6 +1,7 @@
 // Type- and range-checked reads of config.json fields. Every error names the file (label), the
 // field and what was found. Used by the target config (io/config.cpp) and the DFlash drafter
-// config (model/dflash.cpp).
+// config (model/dflash.cpp). What was found is printed as a short excerpt (core/untrusted.h): a
+// hostile file's value may be megabytes long or nest arbitrarily.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -33,7 +35,7 @@ struct JsonFields {
       if (def) return *def;
       fail(label, ": missing required field '", key, "'");
     }
-    if (!v->is_number_integer()) fail(label, ": field '", key, "' must be an integer, found ", v->dump());
+    if (!v->is_number_integer()) fail(label, ": field '", key, "' must be an integer, found ", json_excerpt(*v));
     const int64_t x = v->get<int64_t>();
     if (x < lo || x > hi) fail(label, ": field '", key, "' = ", x, " is out of range [", lo, ", ", hi, "]");
     return x;
@@ -44,7 +46,7 @@ struct JsonFields {
       if (def) return *def;
       fail(label, ": missing required field '", key, "'");
     }
-    if (!v->is_number()) fail(label, ": field '", key, "' must be a number, found ", v->dump());
+    if (!v->is_number()) fail(label, ": field '", key, "' must be a number, found ", json_excerpt(*v));
     const double x = v->get<double>();
     if (!(x >= lo && x <= hi)) fail(label, ": field '", key, "' = ", x, " is out of range [", lo, ", ", hi, "]");
     return x;
@@ -52,13 +54,13 @@ struct JsonFields {
   std::string string_or(const char* key, const std::string& def) const {
     const nlohmann::json* v = get(key);
     if (!v) return def;
-    if (!v->is_string()) fail(label, ": field '", key, "' must be a string, found ", v->dump());
+    if (!v->is_string()) fail(label, ": field '", key, "' must be a string, found ", json_excerpt(*v));
     return v->get<std::string>();
   }
   bool boolean_or(const char* key, bool def) const {
     const nlohmann::json* v = get(key);
     if (!v) return def;
-    if (!v->is_boolean()) fail(label, ": field '", key, "' must be true or false, found ", v->dump());
+    if (!v->is_boolean()) fail(label, ": field '", key, "' must be true or false, found ", json_excerpt(*v));
     return v->get<bool>();
   }
 };

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -39,9 +40,9 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t len, uin
   h.data_offset = 8 + n;
   const uint64_t data_size = file_size - h.data_offset;
 
-  auto j = nlohmann::json::parse(bytes + 8, bytes + 8 + n, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(label, ": header is not valid JSON");
-  if (!j.is_object()) fail(label, ": header JSON is not an object");
+  const std::string_view text(reinterpret_cast<const char*>(bytes + 8), size_t(n));
+  const nlohmann::json j = parse_json(text, label + ": header");
+  if (!j.is_object()) fail(label, ": header JSON is not an object (it starts '", escaped_excerpt(text, 40), "')");
 
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
@@ -49,12 +50,13 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t len, uin
     if (name == "__metadata__") {
       if (!v.is_object()) fail(label, ": __metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) fail(label, ": __metadata__ value for '", m.key(), "' is not a string");
+        if (!m.value().is_string())
+          fail(label, ": __metadata__ value for '", escaped_excerpt(m.key(), 200), "' is not a string");
         h.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    const std::string where = cat(label, ": tensor '", name, "'");
+    const std::string where = cat(label, ": tensor '", escaped_excerpt(name, 200), "'");
     if (!v.is_object()) fail(where, ": entry is not an object");
     auto dt = v.find("dtype");
     auto sh = v.find("shape");
@@ -65,11 +67,11 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t len, uin
     TensorInfo t;
     t.name = name;
     const std::string dts = dt->get<std::string>();
-    if (!parse_dtype(dts, &t.dtype)) fail(where, ": unknown dtype '", dts, "'");
+    if (!parse_dtype(dts, &t.dtype)) fail(where, ": unknown dtype '", escaped_excerpt(dts, 40), "'");
     uint64_t numel = 1;
     bool overflow = false;
     for (const auto& d : *sh) {
-      if (!d.is_number_unsigned()) fail(where, ": shape ", sh->dump(), " has a non-integer or negative dimension");
+      if (!d.is_number_unsigned()) fail(where, ": shape ", json_excerpt(*sh), " has a non-integer or negative dimension");
       uint64_t dim = d.get<uint64_t>();
       if (dim > uint64_t(std::numeric_limits<int64_t>::max())) fail(where, ": dimension ", dim, " too large");
       if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
@@ -77,14 +79,14 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t len, uin
       t.shape.push_back(int64_t(dim));
     }
     const uint64_t item = dtype_size(t.dtype);
-    if (overflow || numel > std::numeric_limits<uint64_t>::max() / item) fail(where, ": shape ", sh->dump(), " overflows");
+    if (overflow || numel > std::numeric_limits<uint64_t>::max() / item) fail(where, ": shape ", json_excerpt(*sh), " overflows");
     for (const auto& o : *off)
-      if (!o.is_number_unsigned()) fail(where, ": data_offsets ", off->dump(), " are not non-negative integers");
+      if (!o.is_number_unsigned()) fail(where, ": data_offsets ", json_excerpt(*off), " are not non-negative integers");
     t.begin = (*off)[0].get<uint64_t>();
     t.end = (*off)[1].get<uint64_t>();
-    if (t.begin > t.end) fail(where, ": data_offsets ", off->dump(), " end before they begin");
+    if (t.begin > t.end) fail(where, ": data_offsets ", json_excerpt(*off), " end before they begin");
     if (t.end > data_size)
-      fail(where, ": data_offsets ", off->dump(), " run past the data section (", data_size, " bytes): truncated file?");
+      fail(where, ": data_offsets ", json_excerpt(*off), " run past the data section (", data_size, " bytes): truncated file?");
     if (numel * item != t.end - t.begin)
       fail(where, ": shape ", t.shape_str(), " × ", item, " bytes (", dts, ") = ", numel * item,
            " bytes, but data_offsets cover ", t.end - t.begin);
@@ -97,7 +99,8 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t len, uin
   for (size_t i = 1; i < by_off.size(); ++i) {
     const TensorInfo *a = by_off[i - 1], *b = by_off[i];
     if (b->begin < a->end && b->nbytes() > 0 && a->nbytes() > 0)
-      fail(label, ": tensors '", a->name, "' [", a->begin, ", ", a->end, ") and '", b->name, "' [", b->begin, ", ",
+      fail(label, ": tensors '", escaped_excerpt(a->name, 200), "' [", a->begin, ", ", a->end, ") and '",
+           escaped_excerpt(b->name, 200), "' [", b->begin, ", ",
            b->end, ") overlap");
   }
   return h;

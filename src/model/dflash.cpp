@@ -4,18 +4,17 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "io/json_fields.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -26,14 +25,13 @@ namespace {
 
 
 DFlashConfig parse_impl(const std::string& text, const std::string& label) {
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) fail(label, ": not valid JSON");
+  const json root = parse_json(text, label);
   if (!root.is_object()) fail(label, ": top level is not a JSON object");
   JsonFields r{root, label};
   {
     const json* a = r.get("architectures");
     if (!a || !a->is_array() || a->empty() || (*a)[0] != "DFlashDraftModel")
-      fail(label, ": architectures is ", a ? a->dump() : "missing", ", expected [\"DFlashDraftModel\"]");
+      fail(label, ": architectures is ", a ? json_excerpt(*a) : "missing", ", expected [\"DFlashDraftModel\"]");
   }
   DFlashConfig c;
   c.vocab_size = r.integer("vocab_size", 1, int64_t(1) << 22);
@@ -56,7 +54,7 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   c.max_position_embeddings = r.integer("max_position_embeddings", 1, int64_t(1) << 30, 32768);
   if (std::string s = r.string_or("hidden_act", "silu"); s != "silu")
     fail(label, ": hidden_act \"", s, "\" is not supported (only silu)");
-  if (const json* b = r.get("attention_bias"); b && *b != false) fail(label, ": attention_bias = ", b->dump(), " is not supported");
+  if (const json* b = r.get("attention_bias"); b && *b != false) fail(label, ": attention_bias = ", json_excerpt(*b), " is not supported");
 
   // transformers 5 saves rope_parameters {rope_type, rope_theta, …} where 4.x saved rope_scaling.
   const char* rope_key = r.get("rope_scaling") ? "rope_scaling" : "rope_parameters";
@@ -90,9 +88,9 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
     if (!lt->is_array()) fail(label, ": layer_types must be a list");
     for (const auto& t : *lt)
       if (t != "full_attention")
-        fail(label, ": layer_types holds ", t.dump(), "; only \"full_attention\" (non-causal) drafter layers are supported");
+        fail(label, ": layer_types holds ", json_excerpt(t), "; only \"full_attention\" (non-causal) drafter layers are supported");
   }
-  if (const json* ic = r.get("is_causal"); ic && *ic != false) fail(label, ": is_causal = ", ic->dump(), " is not supported (DFlash blocks are non-causal)");
+  if (const json* ic = r.get("is_causal"); ic && *ic != false) fail(label, ": is_causal = ", json_excerpt(*ic), " is not supported (DFlash blocks are non-causal)");
   const json* dc = r.get("dflash_config");
   if (dc && !dc->is_object()) fail(label, ": dflash_config is not an object");
   const json empty = json::object();
@@ -102,19 +100,22 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   if (d.get("final_logit_softcapping") && d.number("final_logit_softcapping", -1e9, 1e9) > 0)
     fail(label, ": final_logit_softcapping is not supported");
 
-  c.block_size = d.integer("block_size", 0, 4096, 16);  // z-lab's default
+  c.block_size = d.integer("block_size", 0, std::numeric_limits<int64_t>::max(), 16);  // z-lab's default
   if (c.block_size < 2)
     fail(label, ": block_size = ", c.block_size, " must be at least 2 (the bonus token plus at least one drafted position)");
+  if (c.block_size > kMaxDFlashBlockSize)
+    fail(label, ": block_size = ", c.block_size, " is more than kdtree accepts (", kMaxDFlashBlockSize,
+         "; published DFlash drafters use 16)");
   c.mask_token_id = int32_t(d.integer("mask_token_id", 0, c.vocab_size - 1));
   c.num_target_layers = d.integer("num_target_layers", 1, 1024, 0);
   const json* ids = d.get("target_layer_ids");
   if (!ids) fail(label, ": missing dflash_config.target_layer_ids (the target layers whose outputs the drafter reads)");
   if (!ids->is_array() || ids->empty() || ids->size() > 1024)
-    fail(label, ": dflash_config.target_layer_ids must be a non-empty list of layer indices, found ", ids->dump());
+    fail(label, ": dflash_config.target_layer_ids must be a non-empty list of layer indices, found ", json_excerpt(*ids));
   const int64_t hi = c.num_target_layers > 0 ? c.num_target_layers - 1 : 1023;
   for (const auto& v : *ids) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > hi)
-      fail(label, ": dflash_config.target_layer_ids holds ", v.dump(), ", not a layer index in [0, ", hi, "]");
+      fail(label, ": dflash_config.target_layer_ids holds ", json_excerpt(v), ", not a layer index in [0, ", hi, "]");
     c.target_layer_ids.push_back(v.get<int64_t>());
   }
   if (c.n_taps() * c.hidden_size > (int64_t(1) << 24))
@@ -134,11 +135,9 @@ const void* aligned(const uint8_t* p, uint64_t bytes, size_t align, std::vector<
 }
 
 std::string read_text(const std::string& path, const std::string& hint) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open", hint);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail(path, ": cannot open", hint);
+  return read_text_file(path, kMaxConfigBytes);
 }
 
 }  // namespace
@@ -209,23 +208,28 @@ DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) 
   const std::string index_path = dir + "/model.safetensors.index.json";
   if (fs::exists(index_path)) {
     where = index_path;
-    const json j = json::parse(read_text(index_path, ""), nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail(index_path, ": not valid JSON with a \"weight_map\" object");
+    const json j = read_json_file(index_path, kMaxConfigBytes);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      fail(index_path, ": not a JSON object with a \"weight_map\" object");
     std::map<std::string, const SafetensorsFile*> shards;
     for (const auto& [name, shard_json] : j["weight_map"].items()) {
-      if (!shard_json.is_string()) fail(index_path, ": weight_map entry '", name, "' is not a file name");
+      if (!shard_json.is_string())
+        fail(index_path, ": weight_map entry '", escaped_excerpt(name, 200), "' is not a file name");
       const std::string shard = shard_json.get<std::string>();
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-        fail(index_path, ": weight_map entry '", name, "' names '", shard, "', not a file in this directory");
+        fail(index_path, ": weight_map entry '", escaped_excerpt(name, 200), "' names '", escaped_excerpt(shard, 200),
+             "', not a file in this directory");
       auto it = shards.find(shard);
       if (it == shards.end()) {
-        if (!fs::exists(dir + "/" + shard)) fail(index_path, ": lists shard '", shard, "', which is absent from ", dir);
+        if (!fs::exists(dir + "/" + shard))
+          fail(index_path, ": lists shard '", escaped_excerpt(shard, 200), "', which is absent from ", dir);
         files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + shard));
         it = shards.emplace(shard, files_.back().get()).first;
       }
       const TensorInfo* info = it->second->find(name);
-      if (!info) fail(index_path, ": lists tensor '", name, "' in '", shard, "', but that shard does not hold it");
+      if (!info)
+        fail(index_path, ": lists tensor '", escaped_excerpt(name, 200), "' in '", escaped_excerpt(shard, 200),
+             "', but that shard does not hold it");
       tensors[name] = {it->second, info};
     }
   } else {

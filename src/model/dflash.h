@@ -14,6 +14,11 @@
 
 namespace kd {
 
+// Largest block size B accepted from a drafter's config.json and from `run --block-size`: every
+// round drafts B − 1 positions through all drafter layers (and a tree ranks that many positions),
+// so a hostile 4096 turned 4 tokens into a minute. Published DFlash drafters use 16.
+inline constexpr int64_t kMaxDFlashBlockSize = 64;
+
 // config.json of a published DFlash drafter (architectures ["DFlashDraftModel"], model_type qwen3).
 struct DFlashConfig {
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/int4.h"
 #include "core/log.h"
+#include "core/untrusted.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/random_weights.h"
@@ -110,11 +111,7 @@ std::string preset_config_json(const std::string& name) {
 void make_model(const MakeModelOptions& opt) {
   std::string config_text;
   if (!opt.config_path.empty()) {
-    std::ifstream f(opt.config_path, std::ios::binary);
-    if (!f) fail(opt.config_path, ": cannot open");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    config_text = ss.str();
+    config_text = read_text_file(opt.config_path, kMaxConfigBytes);
   } else {
     if (opt.preset == "k2") fail("preset 'k2' is 594 GB: use it with `kdtree inspect --preset k2`, or pass a smaller --config");
     config_text = preset_config_json(opt.preset);

@@ -14,6 +14,8 @@ SpecResult generate_ddtree(const DeepseekV3& model, Drafter& drafter, const std:
                            const std::function<void(int32_t)>& on_token) {
   const ModelConfig& c = model.config();
   if (!spec.chain && spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
+  if (!spec.chain && spec.budget > kMaxTreeBudget)
+    fail("--budget ", spec.budget, " is more than ", kMaxTreeBudget, " tree nodes (memory and time grow with budget²)");
   const GenerationLimits lim = check_generation(c, prompt, opt);
   const int64_t ctx = lim.ctx, n_prompt = lim.n_prompt, n_max = lim.n_max;
   const int64_t B = drafter.block_size(), V = c.vocab_size;

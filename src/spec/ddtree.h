@@ -15,6 +15,7 @@
 #include "model/deepseek_v3.h"
 #include "spec/ar.h"
 #include "spec/drafter.h"
+#include "spec/tree.h"  // kMaxTreeBudget
 
 namespace kd {
 

@@ -8,6 +8,12 @@
 
 namespace kd {
 
+// Most tree nodes a round may verify (`run --budget`, `serve --budget`). The verify pass holds an
+// ancestor mask and attention scores per node pair, so memory and time grow with budget²: 100,000
+// took 11 GB and never finished a round. Acceptance stops improving far below this cap (the tree is
+// at most block_size − 1 deep), so it bounds hostile or mistaken input, not useful work.
+inline constexpr int64_t kMaxTreeBudget = 1024;
+
 struct DraftTree {
   int64_t positions = 0;          // L: draft positions (block size − 1)
   std::vector<int32_t> tokens;    // [n + 1]; tokens[0] is the root (set by the caller, −1 until then)

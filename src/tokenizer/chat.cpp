@@ -3,11 +3,10 @@
 #include "tokenizer/chat.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/untrusted.h"
 #include "tokenizer/tool_declaration_ts.h"
 
 namespace kd {
@@ -173,11 +172,8 @@ std::string render_deepseek_v3(const std::vector<ChatMessage>& msgs, const ChatO
 std::string render_chat(ChatTemplateKind kind, const std::vector<ChatMessage>& messages, const ChatOptions& opts) {
   json tools = json::array();
   if (!opts.tools_json.empty()) {
-    try {
-      tools = json::parse(opts.tools_json);
-    } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double (1e504)
-      fail("tools: not valid JSON: ", e.what());
-    }
+    // Reached from HTTP requests too: bounded nesting, errors as kd::Error (core/untrusted.h).
+    tools = parse_json(opts.tools_json, "tools");
     check_json_integers(opts.tools_json, "tools");
     if (!tools.is_array()) fail("tools: expected a JSON array of tool definitions");
   }
@@ -229,13 +225,9 @@ const char* chat_template_kind_name(ChatTemplateKind kind) {
 std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
   // Key order kept: an `arguments` object is printed with `| tojson`, which keeps the client's order.
   using ojson = nlohmann::ordered_json;
-  ojson j;
-  try {
-    j = ojson::parse(json_text);
-    check_json_integers(json_text, "messages");
-  } catch (const ojson::exception& e) {  // parse_error, and out_of_range for numbers beyond double
-    fail("messages: not valid JSON: ", e.what());
-  }
+  // Reached from HTTP requests too: bounded nesting, errors as kd::Error (core/untrusted.h).
+  ojson j = parse_ordered_json(json_text, "messages");
+  check_json_integers(json_text, "messages");
   if (j.is_object() && j.contains("messages")) j = j["messages"];
   if (!j.is_array()) fail("messages: expected a JSON array of messages");
   auto text_of = [](const ojson& v, const std::string& where) -> std::string {
@@ -334,13 +326,7 @@ constexpr KnownTemplate kKnown[] = {
 
 bool has(std::string_view text, std::string_view what) { return text.find(what) != std::string_view::npos; }
 
-std::string read_file_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail(p.string(), ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file_text(const std::filesystem::path& p) { return read_text_file(p.string(), kMaxTokenizerBytes); }
 
 }  // namespace
 
@@ -385,12 +371,7 @@ ChatTemplateChoice chat_template_for_checkpoint(const std::string& dir) {
   if (fs::exists(jinja)) return chat_template_for_text(read_file_text(jinja), jinja.string());
   const fs::path cfg_path = fs::path(dir) / "tokenizer_config.json";
   if (fs::exists(cfg_path)) {
-    json cfg;
-    try {
-      cfg = json::parse(read_file_text(cfg_path));
-    } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double (1e504)
-      fail(cfg_path.string(), ": not valid JSON: ", e.what());
-    }
+    const json cfg = read_json_file(cfg_path.string(), kMaxTokenizerBytes);
     if (cfg.is_object() && cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
       const json& t = cfg["chat_template"];
       const std::string where = cfg_path.string() + " chat_template";

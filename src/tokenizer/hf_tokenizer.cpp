@@ -10,15 +10,14 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/regex.h"
+#include "core/untrusted.h"
 
 namespace kd {
 namespace {
@@ -161,16 +160,7 @@ bool is_null_or_missing(const json& j, const char* key) {
 }
 
 HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond double
-    fail(path, ": not valid JSON: ", e.what());
-  }
+  const json j = read_json_file(path, kMaxTokenizerBytes);
   if (!j.is_object()) fail(path, ": top level is not a JSON object");
   try {
     if (!is_null_or_missing(j, "normalizer")) {

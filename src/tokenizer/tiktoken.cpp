@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -17,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/untrusted.h"
 
 namespace kd {
 
@@ -110,13 +110,7 @@ std::optional<std::string> b64_decode(std::string_view s) {
   return out;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_text_file(path, kMaxTokenizerBytes); }
 
 }  // namespace
 
@@ -268,14 +262,16 @@ TiktokenTokenizer::TiktokenTokenizer(const std::string& model_path, const std::s
     if (line.empty()) continue;
     const size_t sp = line.find(' ');
     if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
-      fail(model_path, ":", line_no, ": expected `base64 rank`, found '", line.substr(0, 80), "'");
+      fail(model_path, ":", line_no, ": expected `base64 rank`, found '", escaped_excerpt(line, 80), "'");
     std::optional<std::string> bytes = b64_decode(line.substr(0, sp));
-    if (!bytes || bytes->empty()) fail(model_path, ":", line_no, ": invalid base64 '", line.substr(0, sp), "'");
+    if (!bytes || bytes->empty())
+      fail(model_path, ":", line_no, ": invalid base64 '", escaped_excerpt(line.substr(0, sp), 80), "'");
     const std::string_view rank_s = line.substr(sp + 1);
     int64_t rank = 0;
-    if (rank_s.empty() || rank_s.size() > 10) fail(model_path, ":", line_no, ": invalid rank '", rank_s, "'");
+    if (rank_s.empty() || rank_s.size() > 10)
+      fail(model_path, ":", line_no, ": invalid rank '", escaped_excerpt(rank_s, 20), "'");
     for (char ch : rank_s) {
-      if (ch < '0' || ch > '9') fail(model_path, ":", line_no, ": invalid rank '", rank_s, "'");
+      if (ch < '0' || ch > '9') fail(model_path, ":", line_no, ": invalid rank '", escaped_excerpt(rank_s, 20), "'");
       rank = rank * 10 + (ch - '0');
     }
     if (rank >= (int64_t(1) << 30)) fail(model_path, ":", line_no, ": rank ", rank, " is too large");
@@ -314,12 +310,7 @@ TiktokenTokenizer::TiktokenTokenizer(const std::string& model_path, const std::s
   // --- special tokens: named from added_tokens_decoder, the other slots reserved ---
   std::vector<std::pair<int64_t, std::string>> named;
   if (!config_path.empty()) {
-    nlohmann::json cfg;
-    try {
-      cfg = nlohmann::json::parse(read_file(config_path));
-    } catch (const nlohmann::json::exception& e) {
-      fail(config_path, ": not valid JSON: ", e.what());
-    }
+    const nlohmann::json cfg = read_json_file(config_path, kMaxTokenizerBytes);
     if (!cfg.is_object()) fail(config_path, ": expected a JSON object");
     if (cfg.contains("added_tokens_decoder")) {
       const auto& atd = cfg["added_tokens_decoder"];
@@ -328,13 +319,15 @@ TiktokenTokenizer::TiktokenTokenizer(const std::string& model_path, const std::s
         const std::string& key = it.key();
         int64_t id = 0;
         if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos)
-          fail(config_path, ": added_tokens_decoder key '", key, "' is not a token id");
+          fail(config_path, ": added_tokens_decoder key '", escaped_excerpt(key, 40), "' is not a token id");
         id = std::stoll(key);
         const auto& v = it.value();
         if (!v.is_object() || !v.contains("content") || !v["content"].is_string() || v["content"].get<std::string>().empty())
-          fail(config_path, ": added_tokens_decoder[\"", key, "\"] needs a non-empty string \"content\"");
+          fail(config_path, ": added_tokens_decoder[\"", escaped_excerpt(key, 40),
+               "\"] needs a non-empty string \"content\"");
         if (id < n_base_)
-          fail(config_path, ": added token ", id, " ('", v["content"].get<std::string>(), "') collides with base rank ",
+          fail(config_path, ": added token ", id, " ('", escaped_excerpt(v["content"].get<std::string>(), 80),
+               "') collides with base rank ",
                id, " of ", model_path, " (specials start at ", n_base_, ")");
         if (id >= n_base_ + (int64_t(1) << 20)) fail(config_path, ": added token id ", id, " is too far past the base ranks");
         named.emplace_back(id, v["content"].get<std::string>());
@@ -358,11 +351,12 @@ TiktokenTokenizer::TiktokenTokenizer(const std::string& model_path, const std::s
   std::sort(specials_.begin(), specials_.end());
   for (size_t i = 1; i < specials_.size(); ++i)
     if (specials_[i].first == specials_[i - 1].first)
-      fail(config_path, ": special token '", specials_[i].first, "' is named twice (ids ", specials_[i - 1].second,
-           " and ", specials_[i].second, ")");
+      fail(config_path, ": special token '", escaped_excerpt(specials_[i].first, 80), "' is named twice (ids ",
+           specials_[i - 1].second, " and ", specials_[i].second, ")");
   for (auto& [name, id] : specials_)
     if (std::find(special_lengths_.begin(), special_lengths_.end(), name.size()) == special_lengths_.end()) {
-      if (name.size() > 255) fail(config_path, ": special token '", name.substr(0, 40), "...' is longer than 255 bytes");
+      if (name.size() > 255)
+        fail(config_path, ": special token '", escaped_excerpt(name.substr(0, 40), 80), "...' is longer than 255 bytes");
       special_lengths_.push_back(static_cast<uint8_t>(name.size()));
     }
   std::sort(special_lengths_.rbegin(), special_lengths_.rend());

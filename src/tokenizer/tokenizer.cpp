@@ -91,12 +91,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const fs::path d(dir);
   std::error_code ec;
   if (!fs::is_directory(d, ec)) fail(dir, ": not a directory (expected a checkpoint or tokenizer directory)");
-  if (fs::is_regular_file(d / "tiktoken.model", ec)) {
+  // exists, not is_regular_file: a FIFO or directory in a tokenizer file's place is refused by name
+  // when read (read_text_file), not skipped as if absent.
+  if (fs::exists(d / "tiktoken.model", ec)) {
     const fs::path cfg = d / "tokenizer_config.json";
     return std::make_unique<TiktokenTokenizer>((d / "tiktoken.model").string(),
-                                               fs::is_regular_file(cfg, ec) ? cfg.string() : std::string());
+                                               fs::exists(cfg, ec) ? cfg.string() : std::string());
   }
-  if (fs::is_regular_file(d / "tokenizer.json", ec)) return load_hf_tokenizer((d / "tokenizer.json").string());
+  if (fs::exists(d / "tokenizer.json", ec)) return load_hf_tokenizer((d / "tokenizer.json").string());
   fail(dir, ": no tokenizer (expected tiktoken.model + tokenizer_config.json, as Kimi ships, or tokenizer.json)");
 }
 

@@ -7,7 +7,9 @@ files written by the safetensors library itself, so the engine has exactly one t
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -523,3 +525,356 @@ def test_bench_on_broken_checkpoint(tmp_path):
     truncate_header(K2_FILE)(d)
     r = kdtree("bench", "-m", d, "-p", 4, "-n", 2, "-r", 1, ok=False)
     assert K2_FILE in r.stderr, str(r)
+
+
+# --- hostile files (issue 21) ----------------------------------------------------------------------
+# A file written to hurt: nesting 100,000 levels deep (nlohmann's dump() and copy recurse once per
+# level: rc 139 before the depth bound), a config that is a FIFO (open() blocked forever), a symlink
+# to /dev/zero (read until memory ran out), a directory, a sparse file past the size cap, control
+# bytes in a header. Each must end at once in exit 1 with a short, printable message naming the file
+# (and the field, where the file could be parsed at all).
+
+DEEP = 100_000
+DEEP_ARRAY = "[" * DEEP + "]" * DEEP
+_HOLE = "__kdtree_hostile__"
+
+
+def _json_with_raw(obj, set_at, raw: str) -> str:
+    """json.dumps(obj) after set_at(obj, HOLE), with the HOLE string replaced by raw JSON text."""
+    set_at(obj, _HOLE)
+    text = json.dumps(obj)
+    assert text.count(f'"{_HOLE}"') == 1
+    return text.replace(f'"{_HOLE}"', raw)
+
+
+def raw_json_value(name: str, set_at, raw: str):
+    """Sets a value of JSON file `name` to raw JSON text (e.g. 100k nested brackets)."""
+    def f(d: Path):
+        p = d / name
+        p.write_text(_json_with_raw(json.loads(p.read_text()), set_at, raw))
+    return f
+
+
+def raw_header_value(name: str, set_at, raw: str):
+    """The same inside a safetensors header; the data section is untouched."""
+    def f(d: Path):
+        st = RawSafetensors(d / name)
+        write_raw_safetensors(d / name, _json_with_raw(st.header, set_at, raw).encode(), st.data)
+    return f
+
+
+def fifo(name: str):
+    def f(d: Path):
+        (d / name).unlink(missing_ok=True)
+        os.mkfifo(d / name)
+    return f
+
+
+def symlink_to(name: str, target: str):
+    def f(d: Path):
+        (d / name).unlink(missing_ok=True)
+        os.symlink(target, d / name)
+    return f
+
+
+def directory(name: str):
+    def f(d: Path):
+        (d / name).unlink(missing_ok=True)
+        (d / name).mkdir()
+    return f
+
+
+def sparse(name: str, size: int):
+    def f(d: Path):
+        with open(d / name, "wb") as fh:
+            fh.truncate(size)
+    return f
+
+
+def at(key):
+    """A setter (obj, value) for a top-level key."""
+    return lambda c, v: c.__setitem__(key, v)
+
+
+def at_dflash(key):
+    return lambda c, v: c["dflash_config"].__setitem__(key, v)
+
+
+def put(key, value):
+    return lambda c: c.__setitem__(key, value)
+
+
+def put_dflash(key, value):
+    return lambda c: c["dflash_config"].__setitem__(key, value)
+
+
+@dataclass
+class Hostile:
+    id: str
+    target: str  # "model": run -m a broken fixture; "drafter": run --spec ddtree --draft a broken drafter;
+    #              "tokenizer": tokenize -m a broken tokenizer directory
+    breaks: Callable[[Path], None]
+    expect: list[str]  # substrings stderr must hold
+    fixture: str = K2
+
+
+CONFIG_CAP = 16 << 20  # core/untrusted.h kMaxConfigBytes
+HOSTILE = [
+    # nesting
+    Hostile("header-shape-deep", "model", raw_header_value(K2_FILE, lambda h, v: h[NORM0].update(shape=v), DEEP_ARRAY),
+            [K2_FILE, "header", "nests deeper than 64"]),
+    Hostile("config-hidden-size-deep", "model", raw_json_value("config.json", at("hidden_size"), DEEP_ARRAY),
+            ["config.json", "nests deeper than 64"]),
+    Hostile("config-eos-deep", "model", raw_json_value("config.json", at("eos_token_id"), DEEP_ARRAY),
+            ["config.json", "nests deeper than 64"]),
+    Hostile("config-eos-deep-object", "model",
+            raw_json_value("config.json", at("eos_token_id"), '{"a":' * DEEP + "1" + "}" * DEEP),
+            ["config.json", "nests deeper than 64"]),
+    Hostile("generation-config-eos-deep", "model",
+            lambda d: (d / "generation_config.json").write_text('{"eos_token_id": ' + DEEP_ARRAY + "}"),
+            ["generation_config.json", "nests deeper than 64"]),
+    Hostile("index-deep", "model", raw_json_value(INDEX, lambda i, v: i.__setitem__("metadata", v), DEEP_ARRAY),
+            [INDEX, "nests deeper than 64"], fixture=K25),
+    Hostile("drafter-architectures-deep", "drafter", raw_json_value("config.json", at("architectures"), DEEP_ARRAY),
+            ["config.json", "nests deeper than 64"]),
+    Hostile("drafter-target-layer-ids-deep", "drafter",
+            raw_json_value("config.json", at_dflash("target_layer_ids"), DEEP_ARRAY), ["config.json", "nests deeper than 64"]),
+    Hostile("drafter-attention-bias-deep", "drafter", raw_json_value("config.json", at("attention_bias"), DEEP_ARRAY),
+            ["config.json", "nests deeper than 64"]),
+    Hostile("tokenizer-json-deep", "tokenizer", raw_json_value("tokenizer.json", at("normalizer"), DEEP_ARRAY),
+            ["tokenizer.json", "nests deeper than 64"], fixture="tokenizer-deepseek-small"),
+    Hostile("tokenizer-config-deep", "tokenizer", raw_json_value("tokenizer_config.json", at("x"), DEEP_ARRAY),
+            ["tokenizer_config.json", "nests deeper than 64"], fixture="tokenizer-kimi-small"),
+    # deep enough to parse, too big to print: the message quotes a short excerpt
+    Hostile("config-hidden-size-nested-60", "model", raw_json_value("config.json", at("hidden_size"), "[" * 60 + "]" * 60),
+            ["config.json", "hidden_size", "[[[["]),
+    Hostile("config-hidden-size-huge-array", "model",
+            raw_json_value("config.json", at("hidden_size"), "[" + ",".join(["123456789"] * 200_000) + "]"),
+            ["config.json", "hidden_size", "…"]),
+    Hostile("config-eos-huge-string", "model", raw_json_value("config.json", at("eos_token_id"), '"' + "x" * 1_000_000 + '"'),
+            ["config.json", "eos_token_id", "…"]),
+    Hostile("generation-config-eos-huge", "model",
+            lambda d: (d / "generation_config.json").write_text('{"eos_token_id": [[' + "7," * 300_000 + "7]]}"),
+            ["generation_config.json", "eos_token_id", "…"]),
+    Hostile("drafter-architectures-huge", "drafter", raw_json_value("config.json", at("architectures"), "[" + "1," * 300_000 + "1]"),
+            ["config.json", "architectures", "…"]),
+    Hostile("drafter-attention-bias-wrong", "drafter", raw_json_value("config.json", at("attention_bias"), '[["a"]]'),
+            ["config.json", "attention_bias"]),
+    # files that are not regular files, or far too big
+    Hostile("config-symlink-dev-zero", "model", symlink_to("config.json", "/dev/zero"),
+            ["config.json", "not a regular file"]),
+    Hostile("config-fifo", "model", fifo("config.json"), ["config.json", "FIFO"]),
+    Hostile("config-directory", "model", directory("config.json"), ["config.json", "directory"]),
+    Hostile("config-oversized", "model", sparse("config.json", CONFIG_CAP + 1), ["config.json", str(CONFIG_CAP)]),
+    Hostile("generation-config-fifo", "model", fifo("generation_config.json"), ["generation_config.json", "FIFO"]),
+    Hostile("generation-config-dev-zero", "model", symlink_to("generation_config.json", "/dev/zero"),
+            ["generation_config.json", "not a regular file"]),
+    Hostile("index-fifo", "model", fifo(INDEX), [INDEX, "FIFO"], fixture=K25),
+    Hostile("index-oversized", "model", sparse(INDEX, CONFIG_CAP + 1), [INDEX, str(CONFIG_CAP)], fixture=K25),
+    Hostile("shard-fifo", "model", fifo(K25_SHARD), [K25_SHARD, "not a regular file"], fixture=K25),
+    Hostile("model-safetensors-fifo", "model", fifo(K2_FILE), [K2_FILE, "not a regular file"]),
+    Hostile("model-safetensors-dev-zero", "model", symlink_to(K2_FILE, "/dev/zero"), [K2_FILE, "not a regular file"]),
+    Hostile("drafter-config-fifo", "drafter", fifo("config.json"), ["config.json", "FIFO"]),
+    Hostile("drafter-config-dev-zero", "drafter", symlink_to("config.json", "/dev/zero"), ["config.json", "not a regular file"]),
+    Hostile("drafter-safetensors-fifo", "drafter", fifo("model.safetensors"), ["model.safetensors", "not a regular file"]),
+    Hostile("tokenizer-config-fifo", "tokenizer", fifo("tokenizer_config.json"), ["tokenizer_config.json", "FIFO"],
+            fixture="tokenizer-kimi-small"),
+    Hostile("tiktoken-model-dev-zero", "tokenizer", symlink_to("tiktoken.model", "/dev/zero"),
+            ["tiktoken.model", "not a regular file"], fixture="tokenizer-kimi-small"),
+    Hostile("tokenizer-json-fifo", "tokenizer", fifo("tokenizer.json"), ["tokenizer.json", "FIFO"],
+            fixture="tokenizer-deepseek-small"),
+    # control bytes: never copied raw into the message
+    Hostile("header-control-bytes-not-json", "model",
+            raw_file(K2_FILE, b'{"\x1b[31mred\x07": {"dtype": "F32", \x01\x02\x7f\xc2\x9b\xff garbage'),
+            [K2_FILE, "JSON"]),
+    Hostile("header-escaped-control-in-name", "model",
+            raw_file(K2_FILE, '{"\\u001b[2Jevil\\u0007": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}', bytes(4)),
+            [K2_FILE, "Q9", "evil"]),
+    Hostile("tiktoken-line-control-bytes", "tokenizer",
+            lambda d: (d / "tiktoken.model").write_bytes(b"QQ== 0\n\x1b[31m a b\x07\n"),
+            ["tiktoken.model", ":2:"], fixture="tokenizer-kimi-small"),
+    # work bounded by sense: a drafter block far past the CLI's own cap
+    Hostile("drafter-block-size-4096", "drafter", lambda d: edit_json(d / "config.json", put("block_size", 4096)),
+            ["config.json", "block_size", "4096", "64"]),
+    Hostile("drafter-dflash-block-size-4096", "drafter",
+            lambda d: edit_json(d / "config.json", put_dflash("block_size", 4096)), ["config.json", "block_size", "64"]),
+]
+
+
+@pytest.fixture(scope="module")
+def drafter_template(tmp_path_factory):
+    d = tmp_path_factory.mktemp("drafter") / "k2-int4-dflash"
+    kdtree("make-model", "--drafter-for", FIXTURES / K2, "-o", d, ok=True)
+    return d
+
+
+def _assert_short_printable(r):
+    bad = sorted({c for c in r.stderr if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) < 0xa0})
+    assert not bad, f"raw control characters {bad!r} in stderr\n{r}"
+    assert "\ufffd" not in r.stderr, f"invalid UTF-8 copied into stderr\n{r}"
+    assert len(r.stderr) < 5000, f"stderr is {len(r.stderr)} chars: an unbounded copy of the input?\n{r}"
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c.id for c in HOSTILE])
+def test_hostile_file_is_refused_fast_and_cleanly(case: Hostile, tmp_path, drafter_template):
+    if case.target == "drafter":
+        d = tmp_path / "drafter"
+        shutil.copytree(drafter_template, d)
+        case.breaks(d)
+        args = ["run", "-m", FIXTURES / K2, "--prompt-ids", "1,2,3", "-n", 2, "--spec", "ddtree", "--draft", d]
+    elif case.target == "tokenizer":
+        d = tmp_path / case.fixture
+        shutil.copytree(FIXTURES / case.fixture, d)
+        case.breaks(d)
+        args = ["tokenize", "-m", d, "--text", "hello"]
+    else:
+        d = copy_fixture(case.fixture, tmp_path)
+        case.breaks(d)
+        args = ["run", "-m", d, "--prompt-ids", "1,2,3", "-n", 2, "--json"]
+    r = kdtree(*args, timeout=30)  # a FIFO that blocks, or a read of /dev/zero, fails by timeout
+    assert_clean_failure(r, code=1)
+    for s in case.expect:
+        assert s in r.stderr, f"stderr does not name {s!r}\n{r}"
+    _assert_short_printable(r)
+    assert r.stdout == "", str(r)
+
+
+def test_inspect_refuses_hostile_config_too(tmp_path):
+    d = copy_fixture(K2, tmp_path)
+    raw_json_value("config.json", at("hidden_size"), DEEP_ARRAY)(d)
+    for args in (["inspect", "-m", d], ["inspect", "--config", d / "config.json"]):
+        r = kdtree(*args, timeout=30)
+        assert_clean_failure(r, code=1)
+        assert "config.json" in r.stderr and "nests deeper" in r.stderr, str(r)
+    os.mkfifo(tmp_path / "fifo.json")
+    r = kdtree("inspect", "--config", tmp_path / "fifo.json", timeout=30)
+    assert_clean_failure(r, code=1)
+    assert "fifo.json" in r.stderr and "FIFO" in r.stderr, str(r)
+
+
+def test_chat_template_refuses_deep_messages_and_tools(tmp_path):
+    msgs = tmp_path / "msgs.json"
+    msgs.write_text('[{"role": "user", "content": ' + DEEP_ARRAY + "}]")
+    r = kdtree("chat-template", "--template", "kimi", "--messages", msgs, timeout=30)
+    assert_clean_failure(r, code=1)
+    assert "messages" in r.stderr and "nests deeper" in r.stderr, str(r)
+    msgs.write_text('[{"role": "user", "content": "hi"}]')
+    tools = tmp_path / "tools.json"
+    tools.write_text('[{"type": "function", "function": {"name": "f", "parameters": ' + DEEP_ARRAY + "}}]")
+    r = kdtree("chat-template", "--template", "kimi-k25", "--messages", msgs, "--tools", tools, timeout=30)
+    assert_clean_failure(r, code=1)
+    assert "tools" in r.stderr and "nests deeper" in r.stderr, str(r)
+    os.mkfifo(tmp_path / "fifo.json")
+    r = kdtree("chat-template", "--template", "kimi", "--messages", tmp_path / "fifo.json", timeout=30)
+    assert_clean_failure(r, code=1)
+    assert "--messages" in r.stderr and "FIFO" in r.stderr, str(r)
+
+
+def test_tokenize_jsonl_refuses_deep_line(tmp_path):
+    f = tmp_path / "in.jsonl"
+    f.write_text('"ok"\n' + DEEP_ARRAY + "\n")
+    r = kdtree("tokenize", "-m", FIXTURES / "tokenizer-kimi-small", "--file", f, "--jsonl", timeout=30)
+    assert_clean_failure(r, code=1)
+    assert f"{f}:2" in r.stderr and "nests deeper" in r.stderr, str(r)
+
+
+# --- limits on work and input that was silently altered (issue 21) -----------------------------------
+
+def test_budget_beyond_cap_is_a_fast_clear_error():
+    # Memory grows with budget²: 100000 took 11 GB and never printed. Refused before anything loads.
+    r = kdtree("run", *M, "--prompt-ids", "1,2,3", "-n", 4, "--spec", "ddtree", "--draft", "synthetic:0.9",
+               "--budget", 100000, timeout=10)
+    assert_clean_failure(r, code=1)
+    assert "--budget" in r.stderr and "100000" in r.stderr and "1024" in r.stderr, str(r)
+    r = kdtree("tree", "--logits", tmp_logits_path(), "--budget", 100000, timeout=10)
+    assert_clean_failure(r, code=1)
+    assert "--budget" in r.stderr and "1024" in r.stderr, str(r)
+
+
+def tmp_logits_path() -> Path:
+    # `tree` checks the budget before it opens the file.
+    return Path("/nonexistent/logits.safetensors")
+
+
+def test_budget_at_cap_is_accepted():
+    r = kdtree("run", *M, "--prompt-ids", "1,2,3", "-n", 4, "--spec", "ddtree", "--draft", "synthetic:0.9",
+               "--budget", 1024, "--json", "-q", ok=True)
+    assert r.json()["spec"]["budget"] == 1024
+
+
+@pytest.mark.parametrize("cmd,args,flag", [
+    ("run", ["--seed", "18446744073709551616"], "--seed"),  # 2^64: was saturated to 2^64 − 1
+    ("run", ["--seed", "99999999999999999999999"], "--seed"),
+    ("run", ["--seed", "-1"], "--seed"),  # was wrapped to 2^64 − 1
+    ("run", ["--seed", "0x10"], "--seed"),  # was read as hex
+    ("run", ["--top-k", "4294967296"], "--top-k"),
+    ("run", ["--top-k", "1.5"], "--top-k"),
+    ("run", ["-n", "9223372036854775808"], "--n-predict"),  # 2^63: was saturated to 2^63 − 1
+    ("run", ["-c", "99999999999999999999"], "--ctx-size"),
+    ("run", ["--budget", "99999999999999999999"], "--budget"),
+    ("run", ["--block-size", "-3"], "--block-size"),
+    ("run", ["--block-size", "65"], "--block-size"),
+    ("threads", ["-t", "18446744073709551617"], "--threads"),
+    ("make-model", ["--seed", "18446744073709551616"], "--seed"),
+    ("make-model", ["--seed", "-5"], "--seed"),
+    ("make-model", ["--shards", "4294967297"], "--shards"),
+    ("make-model", ["--block-size", "4096"], "--block-size"),
+    ("inspect", ["--ctx", "99999999999999999999"], "--ctx"),
+    ("bench", ["-r", "18446744073709551617"], "--repetitions"),
+    ("tree", ["--budget", "-99999999999999999999"], "--budget"),
+])
+def test_integer_flags_do_not_saturate_or_wrap(tmp_path, cmd, args, flag):
+    if cmd == "run":
+        argv = ["run", *M, "--prompt-ids", "1,2,3", "-n", 2, *args] if args[0] != "-n" else ["run", *M, "--prompt-ids", "1", *args]
+    elif cmd == "threads":
+        argv = [*args, "run", *M, "--prompt-ids", "1,2,3"]
+    elif cmd == "make-model":
+        argv = ["make-model", "--preset", "tiny", "-o", tmp_path / "m", *args]
+    elif cmd == "inspect":
+        argv = ["inspect", "--preset", "tiny", *args]
+    elif cmd == "bench":
+        argv = ["bench", *M, *args]
+    else:
+        argv = ["tree", "--logits", tmp_path / "l.safetensors", *args]
+    r = kdtree(*argv, timeout=30)
+    assert_clean_failure(r, code=2)
+    assert flag in r.stderr, str(r)
+    assert not (tmp_path / "m").exists(), "make-model wrote a model despite the bad flag"
+
+
+def test_seed_at_uint64_max_is_accepted():
+    r = kdtree("run", *M, "--prompt-ids", "1,2,3", "-n", 2, "--temp", "0.8", "--seed", "18446744073709551615",
+               "--json", "-q", ok=True)
+    assert r.json()["sampling"]["seed"] == 18446744073709551615
+
+
+def test_leading_zeros_are_decimal_not_octal():
+    a = kdtree("run", *M, "--prompt-ids", "1,2,3", "-n", 4, "--temp", "0.8", "--seed", "010", "--json", "-q", ok=True)
+    assert a.json()["sampling"]["seed"] == 10
+
+
+def test_block_size_with_a_real_drafter(drafter_template):
+    base = ["run", *M, "--prompt-ids", "1,2,3", "-n", 4, "--spec", "ddtree", "--draft", drafter_template]
+    cfg = json.loads((drafter_template / "config.json").read_text())
+    own = cfg.get("dflash_config", {}).get("block_size", cfg.get("block_size"))
+    assert own == 8
+    # A different block size was silently ignored: now refused, naming both values and the file.
+    r = kdtree(*base, "--block-size", 4, timeout=30)
+    assert_clean_failure(r, code=1)
+    assert "--block-size" in r.stderr and "4" in r.stderr and "block_size = 8" in r.stderr, str(r)
+    assert "config.json" in r.stderr, str(r)
+    # The drafter's own block size, stated again, is not an error.
+    r = kdtree(*base, "--block-size", 8, "--json", "-q", ok=True)
+    assert r.json()["spec"]["block_size"] == 8
+
+
+def test_block_size_without_speculation_is_an_error():
+    r = kdtree("run", *M, "--prompt-ids", "1,2,3", "-n", 2, "--block-size", 4)
+    assert_clean_failure(r, code=1)
+    assert "--block-size" in r.stderr, str(r)
+
+
+def test_block_size_still_sets_a_synthetic_drafter():
+    r = kdtree("run", *M, "--prompt-ids", "1,2,3", "-n", 4, "--spec", "dflash", "--draft", "synthetic:oracle",
+               "--block-size", 4, "--json", "-q", ok=True)
+    assert r.json()["spec"]["block_size"] == 4

@@ -7,15 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "backend/cuda/cuda_target_impl.h"
 #include "backend/cuda/draft_top_k.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/untrusted.h"
 #include "io/safetensors.h"
 #include "model/dflash.h"
 
@@ -131,12 +130,12 @@ void CudaDFlash::Impl::open_files() {
     return files.back().get();
   };
   if (fs::exists(index)) {
-    std::ifstream in(index, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map")) fail(index, ": not valid JSON with a \"weight_map\" object");
+    // Read again with the same limits the CPU drafter applied (the file may have changed since).
+    const nlohmann::json j = read_json_file(index, kMaxConfigBytes);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      fail(index, ": not a JSON object with a \"weight_map\" object");
     for (const auto& [name, shard] : j["weight_map"].items()) {
+      if (!shard.is_string()) fail(index, ": weight_map entry '", escaped_excerpt(name, 200), "' is not a file name");
       const SafetensorsFile* f = add_file(dir + "/" + shard.get<std::string>());
       if (const TensorInfo* ti = f->find(name)) tensors[name] = {f, ti};
     }
