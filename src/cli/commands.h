@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/quality_commands.h"  // quantize, ppl (issue 19)
 #include "model/make_model.h"
 
 namespace CLI { class App; }
