@@ -24,11 +24,35 @@ void add_quantize(CLI::App& app, QuantizeCliOptions& o) {
                 "Modules to keep in bf16, compressed-tensors syntax: an exact module name or re:REGEX (Python re.match "
                 "at the name's start). Repeatable; replaces the default, Kimi's list: lm_head, re:.*self_attn.*, "
                 "re:.*shared_experts.*, re:.*mlp\\.(gate|up|gate_up|down)_proj.* (only the routed experts become INT4)");
-  c->add_option("--max-shard-size", o.max_shard_mb, "Largest output shard in MB (default 5120; one shard → model.safetensors)")
-      ->transform(whole_number(o.max_shard_mb))
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  c->add_option("--max-shard-size", o.max_shard_size,
+                "Largest output shard: bytes, or with a unit KB/MB/GB (powers of 1000, as transformers' max_shard_size) or "
+                "KiB/MiB/GiB; default 5GB; one shard is written as model.safetensors, more get an index");
   c->add_flag("--json", o.json, "Print one JSON object (counts, bytes, GB/s, shards) on stdout");
 }
+
+namespace {
+
+uint64_t parse_size(const std::string& s) {
+  size_t used = 0;
+  unsigned long long v = 0;
+  try {
+    if (s.empty() || s[0] < '0' || s[0] > '9') throw std::invalid_argument(s);
+    v = std::stoull(s, &used, 10);
+  } catch (const std::exception&) {
+    fail("--max-shard-size '", s, "': expected a size such as 5GB, 500MB or 1048576");
+  }
+  const std::string unit = s.substr(used);
+  const std::pair<const char*, uint64_t> units[] = {{"", 1},          {"B", 1},          {"KB", 1000},      {"MB", 1000000},
+                                                    {"GB", 1000000000}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
+  for (const auto& [name, mult] : units)
+    if (unit == name) {
+      if (v > UINT64_MAX / mult) fail("--max-shard-size '", s, "' is too large");
+      return v * mult;
+    }
+  fail("--max-shard-size '", s, "': unknown unit '", unit, "' (use B, KB, MB, GB, KiB, MiB or GiB)");
+}
+
+}  // namespace
 
 int cmd_quantize(const QuantizeCliOptions& o) {
   QuantizeOptions q;
@@ -37,7 +61,7 @@ int cmd_quantize(const QuantizeCliOptions& o) {
   q.group = o.group;
   q.ignore = o.ignore;
   q.ignore_given = !o.ignore.empty();
-  q.max_shard_bytes = uint64_t(o.max_shard_mb) << 20;
+  q.max_shard_bytes = parse_size(o.max_shard_size);
   const QuantizeResult r = quantize_checkpoint(q);
   const double gbps_in = r.seconds > 0 ? double(r.bytes_in) / r.seconds / 1e9 : 0;
   const double gbps_out = r.seconds > 0 ? double(r.bytes_out) / r.seconds / 1e9 : 0;

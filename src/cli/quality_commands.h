@@ -13,7 +13,7 @@ struct QuantizeCliOptions {
   std::string model, output;
   int32_t group = 32;
   std::vector<std::string> ignore;
-  int64_t max_shard_mb = 5120;
+  std::string max_shard_size = "5GB";
   bool json = false;
 };
 void add_quantize(CLI::App& app, QuantizeCliOptions& o);

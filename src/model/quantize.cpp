@@ -187,7 +187,7 @@ QuantizeResult quantize_checkpoint(const QuantizeOptions& o) {
   const double t0 = now_s();
   if (o.group < 8 || o.group % 8 != 0 || o.group > 65536)
     fail("--group ", o.group, ": the group size must be a multiple of 8 (whole int32 words of nibbles), e.g. 32 or 128");
-  if (o.max_shard_bytes < (uint64_t(1) << 20)) fail("--max-shard-size must be at least 1 MB");
+  if (o.max_shard_bytes < 4096) fail("--max-shard-size must be at least 4 KiB");
   std::error_code ec;
   if (fs::exists(o.out_dir, ec)) {
     if (!fs::is_directory(o.out_dir, ec)) fail(o.out_dir, ": exists and is not a directory");

@@ -63,7 +63,7 @@ struct QuantizeOptions {
   int32_t group = 32;
   std::vector<std::string> ignore;  // empty: kimi_ignore_list()
   bool ignore_given = false;        // user patterns must each match some Linear module
-  uint64_t max_shard_bytes = uint64_t(5) << 30;
+  uint64_t max_shard_bytes = 5000000000;  // transformers' "5GB"
 };
 
 struct QuantizeResult {
