@@ -313,17 +313,22 @@ def nested(depth):
 
 def test_deep_schemas_match_then_are_refused(tmp_path):
     messages = [{"role": "user", "content": "hi"}]
-    tools = nested(40)
+    # nested(38) is 63 JSON levels, within the bound every JSON input has (core/untrusted.h
+    # kMaxJsonDepth = 64, the server's request bound too); deeper is refused while parsing, before the
+    # renderer's own schema (64) and argument (256) limits could be reached.
+    tools = nested(38)
     assert render_kd("kimi-k25", messages, tools, tmp_path) == render_ref("kimi-k25.jinja", normalise(messages), tools)
+    p = render_kd("kimi-k25", messages, nested(40), tmp_path, ok=False)
+    assert p.returncode == 1 and b"tools: JSON nests deeper than 64" in p.stderr, p.stderr
     p = render_kd("kimi-k25", messages, nested(200), tmp_path, ok=False)
-    assert p.returncode == 1 and b"nested deeper than 64" in p.stderr, p.stderr
+    assert p.returncode == 1 and b"tools: JSON nests deeper than 64" in p.stderr, p.stderr
     deep_args = {"a": None}
     for _ in range(300):
         deep_args = {"a": deep_args}
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": deep_args}}]}]
     p = render_kd("kimi", msgs, None, tmp_path, ok=False)
-    assert p.returncode == 1 and b"nested deeper than 256" in p.stderr, p.stderr
+    assert p.returncode == 1 and b"messages: JSON nests deeper than 64" in p.stderr, p.stderr
 
 
 def test_integers_beyond_64_bits_are_refused(tmp_path):
