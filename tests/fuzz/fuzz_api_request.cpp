@@ -1,7 +1,10 @@
 // libFuzzer target: the server's request path short of the engine — parse_api_request (both
 // endpoints) → prepare_request (chat template, tool_choice prefill, tokenizer) → ResponseBuilder fed
 // the prompt's own ids as if generated, with the request's stop strings and parser settings.
-// Input: byte 0 picks the commit size (1…16); the rest is the request body.
+// Input: byte 0 picks the commit size (1…16); the rest is the request body as is when it starts like
+// JSON text (the seeds), else template mode (json_gen.h) over tests/fuzz/shapes/ chat and completion
+// requests: deep nesting in messages / content / tools[].function.parameters / any extra field
+// (issue 21: parse_chat dumped them, recursing once per level), huge numbers, wrong types.
 // Checked: nothing but kd::ApiError / kd::Error escapes (a JSON library exception would be a 500 in
 // the server, i.e. a bug); errors are 4xx; streamed completions text concatenates to the
 // non-streamed text, and every streamed payload is a JSON object.
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "server/api_request.h"
 #include "server/prepare.h"
 #include "server/response_builder.h"
@@ -60,12 +64,22 @@ std::string run_builder(const kd::ResponseOptions& o, const std::vector<int32_t>
   return text;
 }
 
+const kdfuzz::Templates& templates() {
+  static const kdfuzz::Templates t = [] {
+    kdfuzz::Templates x;
+    for (const char* f : {"chat-tools", "chat-simple", "chat-named-tool", "chat-required", "completion-text", "completion-ids"})
+      x.add_text(kdfuzz::read_file(kdfuzz::source_path(std::string("tests/fuzz/shapes/") + f + ".json")));
+    return x;
+  }();
+  return t;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const size_t k = 1 + data[0] % 16;
-  const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
+  const std::string body = kdfuzz::json_input(templates(), data + 1, size - 1);
   for (kd::Endpoint ep : {kd::Endpoint::chat, kd::Endpoint::completion}) {
     try {
       const kd::ApiRequest r = kd::parse_api_request(ep, body);
