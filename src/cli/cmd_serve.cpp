@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/int_flag.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -18,6 +19,7 @@
 #include "model/deepseek_v3.h"
 #include "server/http_server.h"
 #include "spec/dflash_drafter.h"
+#include "spec/tree.h"
 #include "tokenizer/tokenizer.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "backend/cuda/cuda_dflash.h"
@@ -37,47 +39,64 @@ void add_serve(CLI::App& app, ServeOptions& o) {
                 "advance and only work with `kdtree run`");
   c->add_option("--spec", o.spec, "With --draft: ddtree (tree, default) or dflash (the drafter's top-1 chain)")
       ->check(CLI::IsMember({"ddtree", "dflash"}));
-  c->add_option("--budget", o.budget, "DDTree tree nodes per round, root excluded (default: block size − 1)")
-      ->check(CLI::PositiveNumber);
+  c->add_option("--budget", o.budget, cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ",
+                                          kMaxTreeBudget, ": verify memory and time grow with budget²)"))
+      ->transform(whole_number(o.budget))
+      ->check(CLI::Range(int64_t(1), kMaxTreeBudget));
   c->add_option("--host", o.host, "Address to bind (default 127.0.0.1: local only; 0.0.0.0 exposes the server)");
-  c->add_option("--port", o.port, "TCP port (default 8080; 0 picks a free one and logs it)")->check(CLI::Range(0, 65535));
+  c->add_option("--port", o.port, "TCP port (default 8080; 0 picks a free one and logs it)")
+      ->transform(whole_number(o.port))->check(CLI::Range(0, 65535));
   c->add_option("--api-key", o.api_key,
                 "Require 'Authorization: Bearer KEY' on every route but /health (default: $KDTREE_API_KEY, else none)");
   c->add_option("--parallel", o.parallel, "Sequences decoded at once in the running batch (default 4)")
+      ->transform(whole_number(o.parallel))
       ->check(CLI::Range(1, 1024));
   c->add_option("-c,--ctx-size", o.ctx_size, "Context limit per request in tokens (default 4096; 0 = the model's maximum)")
+      ->transform(whole_number(o.ctx_size))
       ->check(CLI::NonNegativeNumber);
   c->add_option("--kv-tokens", o.kv_tokens, "Latent KV pool size in tokens, shared by all sequences and the prefix cache "
                                             "(default: parallel × ctx-size); requests that do not fit wait")
+      ->transform(whole_number(o.kv_tokens))
       ->check(CLI::NonNegativeNumber);
   c->add_option("--kv-block", o.kv_block, "Tokens per KV block: paging and prefix-cache granularity (default 16)")
+      ->transform(whole_number(o.kv_block))
       ->check(CLI::Range(1, 4096));
   c->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per sequence per step, so long prompts do not stall "
                                                     "running streams (default 256)")
+      ->transform(whole_number(o.prefill_chunk))
       ->check(CLI::Range(1, 1 << 20));
   c->add_option("--max-queue", o.max_queue, "Waiting requests beyond which new ones get 503 + Retry-After (default 64)")
+      ->transform(whole_number(o.max_queue))
       ->check(CLI::Range(0, 1 << 20));
   c->add_flag("--no-prefix-cache", o.no_prefix_cache, "Do not reuse the KV of shared prompt prefixes");
   c->add_option("--timeout", o.timeout_s, "Seconds a request body may take to arrive, and a write of the answer may stall, "
                                           "before the connection is dropped (default 60; a deadline, not reset by each byte)")
+      ->transform(whole_number(o.timeout_s))
       ->check(CLI::Range(1, 86400));
   c->add_option("--header-timeout", o.header_timeout_s, "Seconds from a request's first byte to the end of its headers (default 30)")
+      ->transform(whole_number(o.header_timeout_s))
       ->check(CLI::Range(1, 3600));
   c->add_option("--idle-timeout", o.idle_timeout_s, "Seconds a connection may wait for its next request before it is closed (default 5)")
+      ->transform(whole_number(o.idle_timeout_s))
       ->check(CLI::Range(1, 3600));
   c->add_option("--max-body", o.max_body_mb, "Largest request body in MiB, chunked or not; larger ones get 413 (default 16). "
                                              "Compressed bodies (Content-Encoding) are refused with 415")
+      ->transform(whole_number(o.max_body_mb))
       ->check(CLI::Range(1, 4096));
   c->add_option("--max-header", o.max_header_kb, "Largest request line + headers in KiB; larger get 431 (default 64)")
+      ->transform(whole_number(o.max_header_kb))
       ->check(CLI::Range(1, 1024));
   c->add_option("--max-connections", o.max_connections, "Open connections at most; more are answered 503 at once and closed "
                                                         "(default 1024, within the descriptor limit)")
+      ->transform(whole_number(o.max_connections))
       ->check(CLI::Range(1, 1 << 20));
   c->add_option("--threads-http", o.threads_http, "HTTP worker threads; each request being answered holds one, a slow client "
                                                   "does not (default: parallel + max-queue + 32, at least 64)")
+      ->transform(whole_number(o.threads_http))
       ->check(CLI::Range(1, 4096));
   c->add_option("--shutdown-grace", o.shutdown_grace_s, "On SIGTERM/SIGINT: seconds requests in flight may take to finish before "
                                                         "they are cancelled (default 5; a second signal stops at once)")
+      ->transform(whole_number(o.shutdown_grace_s))
       ->check(CLI::Range(0, 3600));
   c->add_option("--device", o.device,
                 "cpu (default) or cuda: the target, its paged KV (sized to --kv-tokens or the free GPU memory) and a "

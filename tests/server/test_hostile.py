@@ -463,3 +463,16 @@ def test_hostile_load_stays_flat(tiny_model, tmp_path):
     finally:
         s.stop()
     assert s.proc.returncode == 0, s.log.read_text()[-2000:]
+
+
+@pytest.mark.parametrize("flags", [["--budget", "100000"], ["--parallel", "99999999999999999999"], ["--port", "-1"],
+                                   ["--max-body", "0x10"], ["--max-connections", "0"], ["--timeout", "1e3"]])
+def test_serve_refuses_bad_numbers_before_loading(tiny_model, flags):
+    """Out-of-range or non-decimal numbers are usage errors (exit 2) at once, never saturated or
+    read in another base; a budget beyond kMaxTreeBudget (memory ∝ budget²) is among them."""
+    import subprocess
+    from conftest import BIN
+    t0 = time.time()
+    p = subprocess.run([str(BIN), "serve", "-m", str(tiny_model), *flags], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert flags[0] in p.stderr and time.time() - t0 < 5
