@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -524,10 +525,19 @@ inline bool looks_like_json_text(const uint8_t* data, size_t size) {
   return size > 0 && std::strchr("{[\" \t\r\n", data[0]) != nullptr && data[0] != 0;
 }
 
-// Raw JSON text, or the text template mode makes of the bytes.
+// Raw JSON text, or the text template mode makes of the bytes. With KDTREE_FUZZ_DUMP=FILE set, the
+// text is also written to FILE (the last one wins): what a crash input means, e.g.
+//   KDTREE_FUZZ_DUMP=/tmp/t.json build/fuzz/fuzz_config crash-…
 inline std::string json_input(const Templates& t, const uint8_t* data, size_t size) {
-  if (looks_like_json_text(data, size)) return std::string(reinterpret_cast<const char*>(data), size);
-  return t.generate(data, size);
+  std::string text = looks_like_json_text(data, size) ? std::string(reinterpret_cast<const char*>(data), size)
+                                                      : t.generate(data, size);
+  static const char* const dump = std::getenv("KDTREE_FUZZ_DUMP");
+  if (dump && *dump)
+    if (std::FILE* f = std::fopen(dump, "wb")) {
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    }
+  return text;
 }
 
 }  // namespace kdfuzz
