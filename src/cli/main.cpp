@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   kd::cli::ChatTemplateOptions chat_template;
   kd::cli::ServeOptions serve;
   kd::cli::QuantizeCliOptions quantize;
+  kd::cli::PplCliOptions ppl;
   kd::cli::add_run(app, run);
   kd::cli::add_inspect(app, inspect);
   kd::cli::add_make_model(app, make);
@@ -44,13 +45,14 @@ int main(int argc, char** argv) {
   kd::cli::add_chat_template(app, chat_template);
   kd::cli::add_serve(app, serve);
   kd::cli::add_quantize(app, quantize);
+  kd::cli::add_ppl(app, ppl);
 
   // Name an unknown command instead of CLI11's generic "a subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, tokenize, chat-template, serve, quantize; see kdtree --help)\n", argv[1]);
+      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, tokenize, chat-template, serve, quantize, ppl; see kdtree --help)\n", argv[1]);
       return 2;
     }
   }
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("chat-template")) return kd::cli::cmd_chat_template(chat_template);
     if (app.got_subcommand("serve")) return kd::cli::cmd_serve(serve);
     if (app.got_subcommand("quantize")) return kd::cli::cmd_quantize(quantize);
+    if (app.got_subcommand("ppl")) return kd::cli::cmd_ppl(ppl);
   } catch (const std::exception& e) {  // kd::Error, and the library's (bad_alloc, filesystem_error, …)
     // Messages quote names and values from files; whatever slipped through unescaped stops here.
     std::fprintf(stderr, "error: %s\n", kd::printable_message(e.what()).c_str());

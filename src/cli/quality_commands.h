@@ -19,4 +19,13 @@ struct QuantizeCliOptions {
 void add_quantize(CLI::App& app, QuantizeCliOptions& o);
 int cmd_quantize(const QuantizeCliOptions& o);
 
+struct PplCliOptions {
+  std::string model, file, device = "cpu", save_logits, kl_base, bos = "auto";
+  int64_t ctx = 512, stride = 0, chunks = 0;
+  int32_t top_k = 32;
+  bool json = false;
+};
+void add_ppl(CLI::App& app, PplCliOptions& o);
+int cmd_ppl(const PplCliOptions& o);
+
 }  // namespace kd::cli
