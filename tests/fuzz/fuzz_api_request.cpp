@@ -10,6 +10,7 @@
 // non-streamed text, and every streamed payload is a JSON object.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -96,6 +97,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(e.status >= 400 && e.status < 500);
     } catch (const kd::Error&) {
       // tokenizer / template errors: the server answers 400
+    } catch (const std::exception& e) {  // a library exception escaped: the server would answer 500
+      std::fprintf(stderr, "escaped exception: %s\n", e.what());
+      std::abort();
     } catch (...) {
       std::abort();
     }

@@ -8,6 +8,7 @@
 // over tests/fuzz/shapes/tokenize-*.json and detokenize.json.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -103,6 +104,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (detok) detokenize(body, f.model);
       else tokenize(body, f.model);
     } catch (const kd::Error&) {  // ApiError included: the server answers 400
+    } catch (const std::exception& e) {  // a library exception escaped: the server would answer 500
+      std::fprintf(stderr, "escaped exception: %s\n", e.what());
+      std::abort();
     } catch (...) {
       std::abort();
     }
