@@ -165,8 +165,101 @@ def main():
         make_ppl(a.out)
 
 
+def llama_ppl(tokens, ctx, stride, bos_id, logits_fn):
+    """llama.cpp tools/perplexity/perplexity.cpp, re-implemented: returns per-prediction
+    (target, nll) plus the full log-softmax rows, and ppl ± its standard error."""
+    n = len(tokens)
+    assert n >= 2 * ctx
+    rows = []
+    if stride == 0:
+        first = ctx // 2
+        wins = [(i * ctx, first, ctx - 1 - first, bos_id is not None) for i in range(n // ctx)]
+    else:
+        wins = [(i * stride, ctx - stride - 1, stride, False) for i in range((n - ctx + stride - 1) // stride)]
+    for start, first, cnt, bos in wins:
+        ids = list(tokens[start:start + ctx])
+        if bos:
+            ids[0] = bos_id
+        lsm = torch.log_softmax(logits_fn(ids).double(), -1)
+        for j in range(first, first + cnt):
+            t = tokens[start + j + 1]
+            rows.append((t, float(-lsm[j, t]), lsm[j]))
+    nll = np.array([r[1] for r in rows])
+    m, m2 = nll.mean(), (nll ** 2).mean()
+    ppl = float(np.exp(m))
+    return rows, ppl, float(ppl * np.sqrt((m2 - m * m) / (len(nll) - 1))), len(wins)
+
+
 def make_ppl(out: Path):
-    pass  # filled below
+    """A tiny random DeepseekV3 with the small Kimi tokenizer (tests/fixtures/quality/ppl-tiny), its
+    compressed-tensors INT4 g32 twin dequantised, HF logits of both over ppl.txt."""
+    import shutil
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_fixtures as mf
+    import train_quality_model as tq
+    from safetensors.torch import save_file
+
+    torch.manual_seed(7)
+    V = 4256
+    cfg_json = mf.text_config(vocab_size=V, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+                              num_hidden_layers=2, n_routed_experts=4, num_experts_per_tok=2, q_lora_rank=32,
+                              kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                              routed_scaling_factor=2.5, pad_token_id=V - 1, initializer_range=0.15)
+    cfg_json.pop("rope_scaling")
+    hf_cfg = mf.hf_config_from_json(dict(cfg_json, rope_scaling={"type": "default"}))
+    model = mf.DeepseekV3ForCausalLM(hf_cfg).float().eval()
+    sd = tq.stored_state(model)
+    d = out / "ppl-tiny"
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
+    for f in ("tiktoken.model", "tokenizer_config.json"):
+        shutil.copy(FIX / "tokenizer-kimi-small" / f, d / f)
+
+    def hf_model(stored):
+        m = mf.make_model(hf_cfg, mf.hf_state_from_ckpt(stored, cfg_json))
+        return lambda ids: m(input_ids=torch.tensor([ids])).logits[0].float()
+
+    with torch.no_grad():
+        f_bf16 = hf_model(sd)
+        q, _ = ct_quantize_state_dict(sd, 32, KIMI_IGNORE)
+        f_int4 = hf_model(q)  # hf_state_from_ckpt dequantises (u-8)*scale exactly
+        text = (out / "ppl.txt").read_text()
+        tokens = tq.encoding().encode_ordinary(text)
+        res = {"script": "python/make_quality_fixtures.py", "versions": versions(), "model": "ppl-tiny",
+               "text": "ppl.txt", "n_tokens_no_bos": len(tokens), "tokens_sha256":
+               hashlib.sha256(np.array(tokens, dtype="<i4").tobytes()).hexdigest(), "cases": {}}
+        bos = cfg_json["bos_token_id"]
+        for label, ctx, stride, use_bos in [("c64", 64, 0, False), ("c64-bos", 64, 0, True), ("c64-s16", 64, 16, False)]:
+            toks = ([bos] + tokens) if use_bos else tokens
+            rows, ppl, err, nw = llama_ppl(toks, ctx, stride, bos if use_bos else None, f_bf16)
+            res["cases"][label] = {"ctx": ctx, "stride": stride, "bos": use_bos, "ppl": ppl, "ppl_stderr": err,
+                                   "n_scored": len(rows), "n_chunks": nw,
+                                   "nll_first8": [r[1] for r in rows[:8]]}
+            print(f"ppl {label}: {ppl:.4f} ± {err:.4f} over {len(rows)}")
+        # KL(bf16 || int4) per llama.cpp's kl_divergence, exact (full vocabulary) and with the
+        # reference cut to its top-k + one tail bucket (kdtree's stored form).
+        rows_b, ppl_b, _, _ = llama_ppl(tokens, 64, 0, None, f_bf16)
+        rows_q, ppl_q, err_q, _ = llama_ppl(tokens, 64, 0, None, f_int4)
+        kl_full, kl_top8, same = [], [], 0
+        for (t, nb, lb), (_, nq, lq) in zip(rows_b, rows_q):
+            pb = lb.exp()
+            kl_full.append(float((pb * (lb - lq)).sum()))
+            top = torch.topk(lb, 8).indices
+            sp, sq = float(pb[top].sum()), float(lq[top].exp().sum())
+            k8 = float((pb[top] * (lb[top] - lq[top])).sum())
+            tp = max(0.0, 1 - sp)
+            if tp > 1e-5:
+                k8 += tp * (np.log(tp) - np.log(max(1e-300, 1 - sq)))
+            kl_top8.append(k8)
+            same += int(torch.argmax(lq) == torch.argmax(lb))
+        res["kl_int4_g32"] = {"ctx": 64, "ppl_base": ppl_b, "ppl": ppl_q, "ppl_stderr": err_q, "delta_ppl": ppl_q - ppl_b,
+                              "kl_mean_full": float(np.mean(kl_full)), "kl_mean_top8_tail": float(np.mean(kl_top8)),
+                              "kl_median_full": float(np.median(kl_full)), "kl_max_full": float(np.max(kl_full)),
+                              "top1_agreement": same / len(rows_b), "n_scored": len(rows_b)}
+        print("kl:", res["kl_int4_g32"])
+    (out / "ppl_golden.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

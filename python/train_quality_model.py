@@ -44,6 +44,26 @@ def encoding():
     return tiktoken.Encoding("kimi-small", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens={})
 
 
+def stored_state(model):
+    """HF's in-memory state (fused experts) -> the published layout: per-expert names, bf16, the
+    router's correction bias F32, as Kimi publishes it."""
+    sd = {}
+    for k, v in model.state_dict().items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            base = k[: -len("gate_up_proj")]
+            inter = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                sd[f"{base}{e}.gate_proj.weight"] = v[e, :inter].contiguous()
+                sd[f"{base}{e}.up_proj.weight"] = v[e, inter:].contiguous()
+        elif k.endswith("mlp.experts.down_proj"):
+            base = k[: -len("down_proj")]
+            for e in range(v.shape[0]):
+                sd[f"{base}{e}.down_proj.weight"] = v[e].contiguous()
+        else:
+            sd[k] = v
+    return {k: (v.float() if k.endswith("e_score_correction_bias") else v.to(torch.bfloat16)).contiguous() for k, v in sd.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -90,22 +110,7 @@ def main():
         if step % 50 == 0 or step == a.steps - 1:
             print(f"step {step} loss {loss.item():.3f} ({time.time()-t0:.0f} s)", flush=True)
 
-    # stored layout: per-expert names, bf16 (the router's correction bias F32), as Kimi publishes
-    sd = {}
-    for k, v in model.state_dict().items():
-        if k.endswith("mlp.experts.gate_up_proj"):
-            base = k[: -len("gate_up_proj")]
-            inter = v.shape[1] // 2
-            for e in range(v.shape[0]):
-                sd[f"{base}{e}.gate_proj.weight"] = v[e, :inter].contiguous()
-                sd[f"{base}{e}.up_proj.weight"] = v[e, inter:].contiguous()
-        elif k.endswith("mlp.experts.down_proj"):
-            base = k[: -len("down_proj")]
-            for e in range(v.shape[0]):
-                sd[f"{base}{e}.down_proj.weight"] = v[e].contiguous()
-        else:
-            sd[k] = v
-    sd = {k: (v.float() if k.endswith("e_score_correction_bias") else v.to(torch.bfloat16)).contiguous() for k, v in sd.items()}
+    sd = stored_state(model)
     a.out.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
     save_file(sd, str(a.out / "model.safetensors"), metadata={"format": "pt"})

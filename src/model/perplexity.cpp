@@ -91,8 +91,10 @@ KlRow kl_row(const float* logits, int64_t vocab, int32_t target, double base_nll
     sq += std::exp(lq);
     kl += p * (lp - lq);
   }
+  // A tail below 1e-5 is the stored fp32 log-probabilities' rounding (k = vocab leaves 1e-8 of
+  // "tail"), not mass: its term would be noise times log(1e-300) when Σ q rounds past 1.
   const double tp = std::max(0.0, 1.0 - sp), tq = std::max(1e-300, 1.0 - sq);
-  if (tp > 1e-12) kl += tp * (std::log(tp) - std::log(tq));
+  if (tp > 1e-5) kl += tp * (std::log(tp) - std::log(tq));
   r.kl = kl;
   r.tail = tp;
   r.same_top = am == base_ids[0];
