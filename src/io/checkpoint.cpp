@@ -60,7 +60,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
       if (seen.insert(shard).second) shard_names.push_back(shard);
     }
     for (const auto& s : shard_names)
-      if (!fs::exists(dir + "/" + s))
+      if (std::error_code ec; !fs::exists(dir + "/" + s, ec))
         fail(index_path, ": lists shard '", escaped_excerpt(s, 200), "', which is absent from ", dir);
   } else if (fs::exists(dir + "/model.safetensors")) {
     where_ = dir + "/model.safetensors";

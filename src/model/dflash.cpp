@@ -206,7 +206,7 @@ DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) 
   std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors;
   std::string where = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(index_path)) {
+  if (std::error_code ec; fs::exists(index_path, ec)) {
     where = index_path;
     const json j = read_json_file(index_path, kMaxConfigBytes);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -221,7 +221,7 @@ DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) 
              "', not a file in this directory");
       auto it = shards.find(shard);
       if (it == shards.end()) {
-        if (!fs::exists(dir + "/" + shard))
+        if (std::error_code shard_ec; !fs::exists(dir + "/" + shard, shard_ec))
           fail(index_path, ": lists shard '", escaped_excerpt(shard, 200), "', which is absent from ", dir);
         files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + shard));
         it = shards.emplace(shard, files_.back().get()).first;
@@ -233,7 +233,7 @@ DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) 
       tensors[name] = {it->second, info};
     }
   } else {
-    if (!fs::exists(where)) fail(dir, ": no model.safetensors and no model.safetensors.index.json");
+    if (std::error_code where_ec; !fs::exists(where, where_ec)) fail(dir, ": no model.safetensors and no model.safetensors.index.json");
     files_.push_back(std::make_unique<SafetensorsFile>(where));
     for (const auto& t : files_.back()->tensors()) tensors[t.name] = {files_.back().get(), &t};
   }

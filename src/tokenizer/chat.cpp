@@ -237,7 +237,7 @@ std::vector<ChatMessage> chat_messages_from_json(std::string_view json_text) {
       std::string s;
       for (size_t k = 0; k < v.size(); ++k) {
         const ojson& part = v[k];
-        if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || part.value("type", ojson()) != "text" || !part.contains("text") || !part["text"].is_string())
           fail(where, "[", k, "]: only {\"type\": \"text\", \"text\": ...} parts are supported");
         s += part["text"].get<std::string>();
       }
@@ -378,7 +378,7 @@ ChatTemplateChoice chat_template_for_checkpoint(const std::string& dir) {
       if (t.is_string()) return chat_template_for_text(t.get<std::string>(), where);
       if (t.is_array()) {  // [{"name": "default", "template": "..."}, ...]
         for (const json& e : t)
-          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") && e["template"].is_string())
+          if (e.is_object() && e.value("name", json()) == "default" && e.contains("template") && e["template"].is_string())
             return chat_template_for_text(e["template"].get<std::string>(), where + "[default]");
         fail(where, ": a list of templates without one named \"default\" (choose with --template)");
       }

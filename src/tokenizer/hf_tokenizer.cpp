@@ -159,7 +159,9 @@ bool is_null_or_missing(const json& j, const char* key) {
   return it == j.end() || it->is_null();
 }
 
-HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
+// Any field of the wrong type that a `.value(key, default)` or `get<T>()` below meets throws
+// nlohmann's type_error: the function-try-block turns every one into a kd::Error naming the file.
+HfTokenizer::HfTokenizer(const std::string& path) try : path_(path) {
   const json j = read_json_file(path, kMaxTokenizerBytes);
   if (!j.is_object()) fail(path, ": top level is not a JSON object");
   try {
@@ -220,6 +222,8 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
       added_.push_back(std::move(t));
     }
   }
+} catch (const json::exception& e) {
+  fail(path, ": ", escaped_excerpt(e.what(), 200));
 }
 
 void HfTokenizer::load_model(const json& m) {
