@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli/device.h"
 #include "cli/int_flag.h"
 #include "cli/quality_commands.h"
 #include "core/error.h"
@@ -71,13 +72,7 @@ nlohmann::ordered_json percentiles_json(const Percentiles& p) {
 }  // namespace
 
 int cmd_ppl(const PplCliOptions& o) {
-  const bool cuda = o.device == "cuda";
-  if (o.device != "cpu" && !cuda) fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
-#ifndef KDTREE_HAVE_CUDA
-  if (cuda) fail("--device cuda: this build has no CUDA backend (configure with -DKDTREE_CUDA=ON where nvcc is installed)");
-#else
-  if (cuda && !cuda_device_available()) fail("--device cuda: ", cuda_device_name());
-#endif
+  [[maybe_unused]] const bool cuda = use_cuda(o.device);  // read only where the CUDA backend is built
   if (o.ctx < 4) fail("--ctx ", o.ctx, ": the context must be at least 4 tokens");
   if (!o.save_logits.empty() && !o.kl_base.empty() && o.save_logits == o.kl_base)
     fail("--save-logits and --kl-divergence name the same file");

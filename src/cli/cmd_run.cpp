@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "cli/int_flag.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -112,14 +113,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }  // namespace
 
 int cmd_run(const RunOptions& o) {
-  const bool cuda = o.device == "cuda";
-  if (o.device != "cpu" && !cuda) fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
-#ifndef KDTREE_HAVE_CUDA
-  if (cuda) fail("--device cuda: this build has no CUDA backend (configure with -DKDTREE_CUDA=ON where nvcc is installed)");
-#endif
-#ifdef KDTREE_HAVE_CUDA
-  if (cuda && !cuda_device_available()) fail("--device cuda: ", cuda_device_name());
-#endif
+  const bool cuda = use_cuda(o.device);
   if (cuda && o.decode_attn == "expanded")
     fail("--decode-attn expanded: the CUDA backend runs the absorbed MLA form only (the same function); drop the flag");
   const bool spec = o.spec == "ddtree" || o.spec == "dflash";

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "cli/int_flag.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -116,13 +117,7 @@ sigset_t stop_signals() {
 }  // namespace
 
 int cmd_serve(const ServeOptions& o) {
-  const bool cuda = o.device == "cuda";
-  if (o.device != "cpu" && !cuda) fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
-#ifndef KDTREE_HAVE_CUDA
-  if (cuda) fail("--device cuda: this build has no CUDA backend (configure with -DKDTREE_CUDA=ON where nvcc is installed)");
-#else
-  if (cuda && !cuda_device_available()) fail("--device cuda: ", cuda_device_name());
-#endif
+  [[maybe_unused]] const bool cuda = use_cuda(o.device);  // read only where the CUDA backend is built
   if (o.draft.rfind("synthetic:", 0) == 0)
     fail("--draft ", o.draft, ": a synthetic drafter must know each answer in advance, which a server cannot; "
                              "use a DFlash drafter directory (or `kdtree run --draft synthetic:...`)");
