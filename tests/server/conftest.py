@@ -39,7 +39,7 @@ def pytest_configure(config):
 class Server:
     """A `kdtree serve` process on a free port; its stderr goes to a log file."""
 
-    def __init__(self, model: Path, log: Path, *args: str, wait_ready: bool = True):
+    def __init__(self, model: Path, log: Path, *args: str, wait_ready: bool = True, idle_timeout: int = 1):
         self.log = log
         # --idle-timeout 1: stopping waits for idle keep-alive connections (the client pools them).
         wrap = os.environ.get("KDTREE_SERVE_WRAP", "").split()
@@ -47,7 +47,7 @@ class Server:
         drafter = model.parent / (model.name + "-dflash")
         if os.environ.get("KDTREE_SERVE_DRAFTER") and drafter.is_dir() and "--draft" not in args:
             extra += ["--draft", str(drafter)]  # DDTree serving (the tiny_model fixture made the drafter)
-        self.args = [*wrap, str(BIN), "serve", "-m", str(model), "--port", "0", "-t", "1", "--idle-timeout", "1",
+        self.args = [*wrap, str(BIN), "serve", "-m", str(model), "--port", "0", "-t", "1", "--idle-timeout", str(idle_timeout),
                      *extra, *map(str, args)]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), cwd=REPO)
         self.port = self._wait_port()

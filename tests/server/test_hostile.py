@@ -169,7 +169,8 @@ def test_chunked_body_over_the_limit_is_refused_early(tiny_model, tmp_path):
                 resp += more
         except (ConnectionResetError, socket.timeout):
             pass
-        assert sent < (8 << 20), f"the server read {sent} bytes of a body limited to 1 MiB"
+        # 1 MiB read + at most 4 MiB discarded while lingering + what the loopback buffers hold.
+        assert sent < (32 << 20), f"the server took {sent} bytes of a body limited to 1 MiB"
         if resp:  # the reset can beat the answer to the client; the size read is what matters
             assert status_of(resp) == 413, resp[:300]
         still_serving(s)
@@ -266,7 +267,9 @@ def test_slowloris_does_not_starve_good_clients(tiny_model, tmp_path):
 
 
 def test_connection_cap_refuses_fast(tiny_model, tmp_path):
-    s = Server(tiny_model, tmp_path / "serve.log", "--max-connections", "20")
+    # Idle connections must stay open while we knock: a slow (sanitized, loaded) server must not
+    # close them at the 1 s test idle timeout before the 21st arrives.
+    s = Server(tiny_model, tmp_path / "serve.log", "--max-connections", "20", idle_timeout=60)
     socks = []
     try:
         for _ in range(20):
@@ -451,13 +454,17 @@ def test_hostile_load_stays_flat(tiny_model, tmp_path):
                 done += 128
         quiet()
         after = proc_stats(s.pid)
+        print(f"hostile load: {done} clients in {seconds:.0f} s; RSS/threads/fds before {before}, after {after}")
         assert not failures, failures[:10]
         assert done >= 128
         rss0, th0, fd0 = before
         rss1, th1, fd1 = after
         assert th1 == th0, f"threads {th0} → {th1}"
         assert fd1 <= fd0 + 2, f"descriptors {fd0} → {fd1}"
-        assert rss1 - rss0 < max(32 * 1024, rss0 // 4), f"RSS {rss0} → {rss1} KiB"
+        # Under ASan (KDTREE_SANITIZED=1) freed memory sits in the allocator's quarantine by design:
+        # there LeakSanitizer at the exit is the check instead of RSS.
+        if not os.environ.get("KDTREE_SANITIZED"):
+            assert rss1 - rss0 < max(32 * 1024, rss0 // 4), f"RSS {rss0} → {rss1} KiB"
         assert s.metrics()["kdtree_kv_blocks_used"] == 0
         still_serving(s)
     finally:
