@@ -1,6 +1,7 @@
 #include "server/http_transport.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -368,6 +369,25 @@ class Exchange final : public HttpExchange {
       pending_ += bytes;
       return true;
     }
+    // Fast path: while a handler owns the connection nothing else is pending on the socket, so the
+    // worker may write itself. A non-blocking send usually takes the whole (small) SSE event; only
+    // what the kernel does not take now goes through the I/O thread, under the write deadline. Saves
+    // a thread handoff per event (measured: ~17 % of throughput at 1,300–2,200 events/s, docs/perf.md).
+    const int fd = c_->stream.socket().native_handle();
+    if (fd < 0) return !(broken_ = true);
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += size_t(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return !(broken_ = true);  // reset, broken pipe: the client is gone
+    }
+    if (sent == bytes.size()) return true;
+    bytes.erase(0, sent);
     auto done = std::make_shared<std::promise<bool>>();
     auto msg = std::make_shared<std::string>(std::move(bytes));
     auto c = c_;
