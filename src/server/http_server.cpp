@@ -176,59 +176,26 @@ void HttpServer::handle_model(const std::string& id, HttpExchange& ex) {
 
 void HttpServer::handle_tokenize(const HttpRequest& req, HttpExchange& ex) {
   if (!ready(ex)) return;
-  const std::optional<json> parsed = json_body(req, ex);
-  if (!parsed) return;
-  const json& body = *parsed;
-  std::vector<int32_t> ids;
-  if (body.contains("messages")) {
-    // The exact prompt a chat request would see (template + tools + thinking), as vLLM offers.
-    json chat = body;
-    chat.erase("content");
-    ApiRequest r = parse_api_request(Endpoint::chat, chat.dump());
-    r.max_tokens = 1;
-    ids = prepare_request(r, model_).prompt;
-  } else {
-    auto it = body.find("content");
-    if (it == body.end() || !it->is_string())
-      return send_error(ex, 400, "invalid_request_error", "'content': expected a string (or give 'messages')", "content");
-    bool parse_special = true;
-    if (auto ps = body.find("parse_special"); ps != body.end()) {
-      if (!ps->is_boolean()) return send_error(ex, 400, "invalid_request_error", "'parse_special': expected a boolean", "parse_special");
-      parse_special = ps->get<bool>();
-    }
-    try {
-      ids = model_.tokenizer->encode(it->get<std::string>(), parse_special);
-    } catch (const Error& e) {
-      return send_error(ex, 400, "invalid_request_error", e.what(), "content");
-    }
+  const std::optional<json> body = json_body(req, ex);
+  if (!body) return;
+  try {
+    send_json(ex, tokenize_response(*body, model_));
+  } catch (const ApiError& e) {
+    send_api_error(ex, e);
+  } catch (const Error& e) {  // the chat template's errors (tool schemas, messages)
+    send_error(ex, 400, "invalid_request_error", e.what());
   }
-  json out = {{"tokens", ids}, {"count", ids.size()}};
-  auto wp = body.find("with_pieces");
-  if (wp != body.end() && !wp->is_boolean() && !wp->is_null())
-    return send_error(ex, 400, "invalid_request_error", "'with_pieces': expected a boolean", "with_pieces");
-  if (wp != body.end() && wp->is_boolean() && wp->get<bool>()) {
-    json pieces = json::array();
-    for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", utf8_sanitize(model_.tokenizer->token_bytes(id))}});
-    out["tokens"] = pieces;
-  }
-  send_json(ex, out);
 }
 
 void HttpServer::handle_detokenize(const HttpRequest& req, HttpExchange& ex) {
   if (!ready(ex)) return;
-  const std::optional<json> parsed = json_body(req, ex);
-  if (!parsed) return;
-  const json& body = *parsed;
-  auto it = body.find("tokens");
-  if (it == body.end() || !it->is_array()) return send_error(ex, 400, "invalid_request_error", "'tokens': expected an array of token ids", "tokens");
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& v = (*it)[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= model_.tokenizer->vocab_size())
-      return send_error(ex, 400, "invalid_request_error", cat("'tokens[", i, "]': not a token id in [0, ", model_.tokenizer->vocab_size(), ")"), "tokens");
-    ids.push_back(v.get<int32_t>());
+  const std::optional<json> body = json_body(req, ex);
+  if (!body) return;
+  try {
+    send_json(ex, detokenize_response(*body, model_));
+  } catch (const ApiError& e) {
+    send_api_error(ex, e);
   }
-  send_json(ex, json{{"content", model_.tokenizer->decode(ids)}});
 }
 
 void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchange& ex) {

@@ -150,4 +150,52 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
   return p;
 }
 
+json tokenize_response(const json& body, const ServedModel& m) {
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    json chat = body;
+    chat.erase("content");
+    ApiRequest r = parse_api_request(Endpoint::chat, chat.dump());
+    r.max_tokens = 1;
+    ids = prepare_request(r, m).prompt;
+  } else {
+    auto it = body.find("content");
+    if (it == body.end() || !it->is_string()) bad_request("content", "'content': expected a string (or give 'messages')");
+    bool parse_special = true;
+    if (auto ps = body.find("parse_special"); ps != body.end()) {
+      if (!ps->is_boolean()) bad_request("parse_special", "'parse_special': expected a boolean");
+      parse_special = ps->get<bool>();
+    }
+    try {
+      ids = m.tokenizer->encode(it->get<std::string>(), parse_special);
+    } catch (const ApiError&) {
+      throw;
+    } catch (const Error& e) {
+      bad_request("content", e.what());
+    }
+  }
+  json out = {{"tokens", ids}, {"count", ids.size()}};
+  auto wp = body.find("with_pieces");
+  if (wp != body.end() && !wp->is_boolean() && !wp->is_null()) bad_request("with_pieces", "'with_pieces': expected a boolean");
+  if (wp != body.end() && wp->is_boolean() && wp->get<bool>()) {
+    json pieces = json::array();
+    for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", utf8_sanitize(m.tokenizer->token_bytes(id))}});
+    out["tokens"] = pieces;
+  }
+  return out;
+}
+
+json detokenize_response(const json& body, const ServedModel& m) {
+  auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) bad_request("tokens", "'tokens': expected an array of token ids");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& v = (*it)[i];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= m.tokenizer->vocab_size())
+      bad_request("tokens", cat("'tokens[", i, "]': not a token id in [0, ", m.tokenizer->vocab_size(), ")"));
+    ids.push_back(v.get<int32_t>());
+  }
+  return json{{"content", m.tokenizer->decode(ids)}};
+}
+
 }  // namespace kd

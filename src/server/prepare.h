@@ -4,6 +4,7 @@
 // parser's settings. No I/O and no engine: unit-testable with a tokenizer.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,5 +45,11 @@ struct PreparedRequest {
 
 // Throws ApiError: 400 for bad input (exceed_context_size_error when the prompt leaves no room).
 PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& model);
+
+// The /tokenize and /detokenize answers for a parsed (depth-bounded) body object; bad fields throw
+// ApiError (400) naming them. Pure, so the fuzz target (tests/fuzz/fuzz_tokenize.cpp) runs the same code.
+// /tokenize with "messages": the exact prompt a chat request would see (template, tools, thinking).
+nlohmann::json tokenize_response(const nlohmann::json& body, const ServedModel& model);
+nlohmann::json detokenize_response(const nlohmann::json& body, const ServedModel& model);
 
 }  // namespace kd

@@ -1,9 +1,7 @@
-// libFuzzer target: the server's /tokenize and /detokenize bodies, through the same calls as
-// HttpServer::handle_tokenize / handle_detokenize (src/server/http_server.cpp; keep in step):
-// parse_json (depth-bounded, core/untrusted.h) → with "messages": copy, drop "content", dump,
-// parse_api_request(chat) and prepare_request — the exact prompt a chat request would get (issue 21:
-// that dump() of a 100,000-level body crashed the server) — else "content" encoded with or without
-// special tokens; "tokens" decoded. Everything either answers or throws kd::Error (a 400).
+// libFuzzer target: the server's /tokenize and /detokenize bodies, through the functions its handlers
+// call: parse_json (depth-bounded, core/untrusted.h) → tokenize_response / detokenize_response
+// (server/prepare.h; with "messages" the exact prompt a chat request would get — issue 21: the dump()
+// of a 100,000-level body there crashed the server). Everything either answers or throws kd::Error (a 400).
 // Input: JSON text as is (first byte '{', '[', '"' or whitespace), or else template mode (json_gen.h)
 // over tests/fuzz/shapes/tokenize-*.json and detokenize.json.
 #include <cstddef>
@@ -51,47 +49,6 @@ const Fixture& fixture() {
   return f;
 }
 
-void tokenize(const json& body, const kd::ServedModel& m) {
-  std::vector<int32_t> ids;
-  if (body.contains("messages")) {
-    json chat = body;
-    chat.erase("content");
-    kd::ApiRequest r = kd::parse_api_request(kd::Endpoint::chat, chat.dump());
-    r.max_tokens = 1;
-    ids = kd::prepare_request(r, m).prompt;
-  } else {
-    auto it = body.find("content");
-    if (it == body.end() || !it->is_string()) return;
-    bool parse_special = true;
-    if (auto ps = body.find("parse_special"); ps != body.end()) {
-      if (!ps->is_boolean()) return;
-      parse_special = ps->get<bool>();
-    }
-    ids = m.tokenizer->encode(it->get<std::string>(), parse_special);
-  }
-  json out = {{"tokens", ids}, {"count", ids.size()}};
-  auto wp = body.find("with_pieces");
-  if (wp != body.end() && wp->is_boolean() && wp->get<bool>()) {
-    json pieces = json::array();
-    for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", kd::utf8_sanitize(m.tokenizer->token_bytes(id))}});
-    out["tokens"] = pieces;
-  }
-  (void)out.dump();
-}
-
-void detokenize(const json& body, const kd::ServedModel& m) {
-  auto it = body.find("tokens");
-  if (it == body.end() || !it->is_array()) return;
-  std::vector<int32_t> ids;
-  for (const auto& v : *it) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= m.tokenizer->vocab_size()) return;
-    ids.push_back(v.get<int32_t>());
-  }
-  const std::string text = m.tokenizer->decode(ids);
-  if (kd::utf8_sanitize(text) != text) std::abort();
-  (void)json{{"content", text}}.dump();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -101,8 +58,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       const json body = kd::parse_json(text, "request body");
       if (!body.is_object()) return 0;
-      if (detok) detokenize(body, f.model);
-      else tokenize(body, f.model);
+      if (detok) {
+        const std::string text = kd::detokenize_response(body, f.model)["content"].get<std::string>();
+        if (kd::utf8_sanitize(text) != text) std::abort();  // /detokenize answers valid UTF-8
+      } else {
+        (void)kd::tokenize_response(body, f.model).dump();
+      }
     } catch (const kd::Error&) {  // ApiError included: the server answers 400
     } catch (const std::exception& e) {  // a library exception escaped: the server would answer 500
       std::fprintf(stderr, "escaped exception: %s\n", e.what());

@@ -128,6 +128,9 @@ def protocol_cases() -> list[Req]:
         Req("bad-method", b"BREW /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "not allowed"),
         Req("get-on-post-route", b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "not allowed"),
         Req("no-route", b"GET /nowhere/%00%ff HTTP/1.1\r\nHost: x\r\n\r\n", 404, "no route"),
+        Req("tokenize-bad-messages", post_bytes("/tokenize", b'{"messages": []}'), 400, "'messages' is empty"),
+        Req("tokenize-bad-content", post_bytes("/tokenize", b'{"content": 5}'), 400, "'content'"),
+        Req("detokenize-bad-id", post_bytes("/detokenize", b'{"tokens": [1, -3]}'), 400, "tokens[1]"),
         Req("strict-tool", post_bytes(CHAT, json.dumps({"messages": MSGS, "tools": [{"type": "function", "function": {
             "name": "f", "strict": True, "parameters": {"type": "object"}}}]}).encode()), 400, "strict"),
     ]
