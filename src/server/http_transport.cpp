@@ -145,7 +145,7 @@ struct HttpTransport::Impl {
 
   bool submit(std::function<void()> f) {
     std::lock_guard<std::mutex> lk(mu);
-    if (workers_stop || int(queue.size()) >= lim.workers + std::max(0, lim.workers - busy)) return false;
+    if (workers_stop || int(queue.size()) >= lim.workers) return false;  // backlog: as long as the pool
     queue.push_back(std::move(f));
     cv.notify_one();
     return true;
