@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -126,7 +127,13 @@ class Server:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.terminate()
+            # Under a wrapper (compute-sanitizer) the signal goes to kdtree itself: the wrapper would die of
+            # it without reporting; it exits with kdtree's status (or its own error code) once kdtree has.
+            target = self.pid
+            if target != self.proc.pid:
+                os.kill(target, signal.SIGTERM)
+            else:
+                self.proc.terminate()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
