@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "cli/commands.h"
 
 namespace kd::cli {

@@ -12,7 +12,7 @@
 #include "core/log.h"
 #include "model/make_model.h"
 #ifdef KDTREE_HAVE_CUDA
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "cli/bench_cuda.h"
 #include "io/checkpoint.h"
 #endif

@@ -18,7 +18,7 @@
 #include "core/log.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "backend/cuda/cuda_engine_target.h"
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "cli/bench_cuda.h"
 #include "engine/engine.h"
 #endif

@@ -18,7 +18,7 @@
 #include "model/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #ifdef KDTREE_HAVE_CUDA
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #endif
 
 namespace kd::cli {

@@ -16,14 +16,14 @@
 #include "io/safetensors.h"
 #include "model/dflash.h"
 #include "model/deepseek_v3.h"
-#include "spec/ar.h"
+#include "decode/ar.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
-#include "spec/ddtree.h"
-#include "spec/dflash_drafter.h"
-#include "spec/drafter.h"
+#include "decode/ddtree.h"
+#include "decode/dflash_drafter.h"
+#include "decode/synthetic_drafter.h"
 #ifdef KDTREE_HAVE_CUDA
-#include "backend/cuda/cuda_dflash.h"
+#include "model/dflash_cuda.h"
 #include "backend/cuda/cuda_generate.h"
 #endif
 

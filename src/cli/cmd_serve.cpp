@@ -19,11 +19,11 @@
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "server/http_server.h"
-#include "spec/dflash_drafter.h"
-#include "spec/tree.h"
+#include "decode/dflash_drafter.h"
+#include "decode/tree.h"
 #include "tokenizer/tokenizer.h"
 #ifdef KDTREE_HAVE_CUDA
-#include "backend/cuda/cuda_dflash.h"
+#include "model/dflash_cuda.h"
 #include "backend/cuda/cuda_engine_target.h"
 #endif
 

@@ -9,7 +9,7 @@
 #include "cli/int_flag.h"
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "spec/tree.h"
+#include "decode/tree.h"
 
 namespace kd::cli {
 

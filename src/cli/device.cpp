@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #ifdef KDTREE_HAVE_CUDA
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #endif
 
 namespace kd::cli {

@@ -27,9 +27,9 @@
 #include "core/error.h"
 #include "engine/engine_target.h"
 #include "model/deepseek_v3.h"
-#include "spec/ar.h"
-#include "spec/ddtree.h"
-#include "spec/drafter.h"
+#include "decode/ar.h"
+#include "decode/ddtree.h"
+#include "model/drafter.h"
 
 namespace kd {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "spec/round.h"
+#include "decode/round.h"
 
 namespace kd {
 

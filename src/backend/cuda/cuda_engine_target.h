@@ -4,7 +4,7 @@
 #pragma once
 #include <memory>
 
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "engine/engine_target.h"
 
 namespace kd {

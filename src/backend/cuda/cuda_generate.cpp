@@ -7,11 +7,11 @@
 #include "core/log.h"
 #include "sample/rng.h"
 #include "sample/sampler.h"
-#include "backend/cuda/cuda_dflash.h"
-#include "backend/cuda/cuda_target_impl.h"
+#include "model/dflash_cuda.h"
+#include "model/deepseek_v3_cuda_impl.h"
 #include "backend/cuda/kernels.h"
-#include "spec/round.h"
-#include "spec/tree.h"
+#include "decode/round.h"
+#include "decode/tree.h"
 
 namespace kd {
 

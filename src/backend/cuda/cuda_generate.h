@@ -1,5 +1,5 @@
 // AR and DDTree generation with the target on the GPU (CudaTarget). They follow generate_ar and
-// generate_ddtree (src/spec/) step for step — same request checks, same position-keyed sampling,
+// generate_ddtree (src/decode/) step for step — same request checks, same position-keyed sampling,
 // same tree builder and accept walk — so their output equals the CPU decoders' wherever the two
 // targets' logits pick the same tokens, and DDTree == AR on the GPU bit for bit (the verify rows
 // reproduce the AR rows: row invariance).
@@ -33,10 +33,10 @@
 #include <functional>
 #include <vector>
 
-#include "backend/cuda/cuda_target.h"
-#include "spec/ar.h"
-#include "spec/ddtree.h"
-#include "spec/drafter.h"
+#include "model/deepseek_v3_cuda.h"
+#include "decode/ar.h"
+#include "decode/ddtree.h"
+#include "model/drafter.h"
 
 namespace kd {
 

@@ -1,5 +1,5 @@
 // What the DDTree tree builder reads of the draft logits — draft_top_k(logits, rows, vocab, k)
-// (src/spec/tree.h) — computed from logits already on the device, bit for bit, downloading
+// (src/decode/tree.h) — computed from logits already on the device, bit for bit, downloading
 // [rows, k] ids and logits plus 24 bytes per row instead of [rows, vocab] logits.
 //
 // Why bit-identical. The ids: the device picks the k best by the CPU's strict total order (logit
@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "spec/tree.h"
+#include "sample/top_k.h"
 
 namespace kd {
 

@@ -1,11 +1,11 @@
-#include "spec/ddtree.h"
+#include "decode/ddtree.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "sample/rng.h"
-#include "spec/round.h"
+#include "decode/round.h"
 
 namespace kd {
 

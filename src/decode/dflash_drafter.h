@@ -7,7 +7,7 @@
 
 #include "model/deepseek_v3.h"
 #include "model/dflash.h"
-#include "spec/drafter.h"
+#include "model/drafter.h"
 
 namespace kd {
 

@@ -1,4 +1,4 @@
-#include "spec/dflash_drafter.h"
+#include "decode/dflash_drafter.h"
 
 #include "core/error.h"
 

@@ -1,7 +1,7 @@
 // CudaDFlash: the DFlash drafter's forward on the device, in the order of DFlashDrafter's
 // append_context / draft (src/model/dflash.cpp), with the backend's bf16 linear and rmsnorm
 // kernels and dflash_kernels.cu for the per-head norm + RoPE and the block attention.
-#include "backend/cuda/cuda_dflash.h"
+#include "model/dflash_cuda.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "backend/cuda/cuda_target_impl.h"
+#include "model/deepseek_v3_cuda_impl.h"
 #include "backend/cuda/draft_top_k.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "backend/cuda/kernels.h"
 
 namespace kd {

@@ -1,3 +1,5 @@
+#include "decode/synthetic_drafter.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -5,7 +7,6 @@
 
 #include "core/error.h"
 #include "sample/rng.h"
-#include "spec/drafter.h"
 
 namespace kd {
 

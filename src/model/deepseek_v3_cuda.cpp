@@ -1,7 +1,7 @@
 // CudaTarget: device weights, the bf16 latent cache and the forward that strings the kernels of
 // kernels.h together in the CPU forward's order (src/model/deepseek_v3.cpp). Weight upload and
 // the random benchmark weights are in cuda_weights.cpp.
-#include "backend/cuda/cuda_target_impl.h"
+#include "model/deepseek_v3_cuda_impl.h"
 
 #include <algorithm>
 #include <cstring>

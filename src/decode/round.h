@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "spec/ddtree.h"
-#include "spec/drafter.h"
-#include "spec/tree.h"
+#include "decode/ddtree.h"
+#include "model/drafter.h"
+#include "decode/tree.h"
 
 namespace kd {
 

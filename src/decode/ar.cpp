@@ -1,4 +1,4 @@
-#include "spec/ar.h"
+#include "decode/ar.h"
 
 #include <algorithm>
 

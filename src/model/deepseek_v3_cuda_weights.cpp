@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cuda/cuda_target_impl.h"
+#include "model/deepseek_v3_cuda_impl.h"
 #include "core/error.h"
 
 namespace kd {

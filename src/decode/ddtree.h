@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "model/deepseek_v3.h"
-#include "spec/ar.h"
-#include "spec/drafter.h"
-#include "spec/tree.h"  // kMaxTreeBudget
+#include "decode/ar.h"
+#include "model/drafter.h"
+#include "decode/tree.h"  // kMaxTreeBudget
 
 namespace kd {
 

@@ -1,4 +1,4 @@
-#include "spec/round.h"
+#include "decode/round.h"
 
 #include <algorithm>
 #include <utility>

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "sample/top_k.h"  // DraftTopK, draft_top_k
+
 namespace kd {
 
 // Most tree nodes a round may verify (`run --budget`, `serve --budget`). The verify pass holds an
@@ -29,24 +31,6 @@ struct DraftTree {
   // Ancestor-or-self visibility: mask[i * size() + j] = 1 when j is i or an ancestor of i.
   std::vector<uint8_t> visibility() const;
 };
-
-// What the tree builder reads of the draft logits: per position, the first k tokens by logit
-// (ties: lower id) and their log-probabilities. A GPU drafter computes this on the device and
-// downloads only these (src/backend/cuda/draft_top_k.h); it must equal draft_top_k() bit for bit.
-struct DraftTopK {
-  int64_t positions = 0, k = 0;
-  std::vector<int32_t> ids;    // [positions, k]
-  std::vector<float> logp;     // [positions, k]: fp32(logit − LSE), the LSE in double (see below)
-  std::vector<int64_t> valid;  // [positions]: ranks with a finite logit (−inf tokens cannot be drafted)
-};
-
-// One position's row [vocab] into ids[k], logp[k]; returns its valid count. Throws naming
-// `position` on a NaN or +inf logit (the first in token order) or a row without a finite logit.
-// The LSE: max in double, then Σ exp(double(logit) − max) in double in token order, then
-// max + log(Σ); logp = fp32(double(logit) − LSE).
-int64_t draft_top_k_row(const float* row, int64_t position, int64_t vocab, int64_t k, int32_t* ids, float* logp);
-// draft_top_k_row for every position of logits [positions, vocab].
-DraftTopK draft_top_k(const float* logits, int64_t positions, int64_t vocab, int64_t k);
 
 // logits: [positions, vocab] fp32 draft logits (temperature 1). budget ≥ 1 nodes, root excluded.
 // Per position, tokens are ranked by logit (ties: lower id) and the first min(budget, vocab) kept,

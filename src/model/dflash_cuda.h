@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_target.h"
-#include "spec/drafter.h"
-#include "spec/tree.h"
+#include "model/deepseek_v3_cuda.h"
+#include "model/drafter.h"
+#include "decode/tree.h"
 
 namespace kd {
 
