@@ -1,6 +1,6 @@
 """Independent Python reference of DDTree's tree build (paper Algorithm 1, SPEC-DDTREE.md §2).
 
-Written from the spec only (not from src/spec/tree.*), with numpy + heapq, so that the C++ build can be
+Written from the spec only (not from src/decode/tree.*), with numpy + heapq, so that the C++ build can be
 checked against it exactly. The definitions both sides follow:
 
 * K = min(budget, V). Per position i the V tokens are ranked by logit descending, ties by the LOWER token

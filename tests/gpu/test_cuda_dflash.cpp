@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_dflash.h"
-#include "backend/cuda/cuda_target.h"
+#include "model/dflash_cuda.h"
+#include "model/deepseek_v3_cuda.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_dflash.h"
+#include "model/dflash_cuda.h"
 #include "backend/cuda/cuda_engine_target.h"
 #include "backend/cuda/cuda_generate.h"
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "expert_routing.h"

@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "backend/cuda/cuda_generate.h"
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "core/dtype.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
-#include "spec/ar.h"
+#include "decode/ar.h"
 #include "sample/sampler.h"
-#include "spec/drafter.h"
+#include "decode/synthetic_drafter.h"
 #include "gpu_test_util.h"
 
 

@@ -13,7 +13,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "core/dtype.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"

@@ -22,17 +22,17 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_dflash.h"
+#include "model/dflash_cuda.h"
 #include "backend/cuda/cuda_generate.h"
-#include "backend/cuda/cuda_target.h"
+#include "model/deepseek_v3_cuda.h"
 #include "backend/cuda/draft_top_k.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "model/make_drafter.h"
-#include "spec/dflash_drafter.h"
-#include "spec/drafter.h"
-#include "spec/tree.h"
+#include "decode/dflash_drafter.h"
+#include "decode/synthetic_drafter.h"
+#include "decode/tree.h"
 #include "gpu_test_util.h"
 
 

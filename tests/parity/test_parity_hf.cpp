@@ -18,7 +18,7 @@
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "model/deepseek_v3.h"
-#include "spec/ar.h"
+#include "decode/ar.h"
 
 namespace kd {
 namespace {

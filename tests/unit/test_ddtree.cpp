@@ -7,10 +7,11 @@
 
 #include <numeric>
 
+#include "decode/synthetic_drafter.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
-#include "spec/ar.h"
-#include "spec/ddtree.h"
+#include "decode/ar.h"
+#include "decode/ddtree.h"
 
 namespace kd {
 namespace {
@@ -130,7 +131,7 @@ TEST(DDTree, StopsAtEosLikeAR) {
 #include <filesystem>
 
 #include "model/make_drafter.h"
-#include "spec/dflash_drafter.h"
+#include "decode/dflash_drafter.h"
 
 namespace kd {
 namespace {

@@ -1,4 +1,4 @@
-// The tree builder's top-k (src/spec/tree.h draft_top_k), the piece a GPU drafter reproduces on the
+// The tree builder's top-k (src/decode/tree.h draft_top_k), the piece a GPU drafter reproduces on the
 // device: against a brute-force reference written here (full sort by logit desc / id asc, LSE as
 // the header states), and build_draft_tree / build_draft_chain from it == from the logits.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "spec/tree.h"
+#include "decode/tree.h"
 
 namespace kd {
 namespace {

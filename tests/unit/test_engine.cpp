@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "decode/synthetic_drafter.h"
 #include "engine/engine.h"
 #include "engine_sink.h"
 #include "core/log.h"
@@ -597,7 +598,7 @@ TEST(Engine, SpeculativeAfterPrefixHitEqualsGenerateAR) {
 #include <filesystem>
 
 #include "model/make_drafter.h"
-#include "spec/dflash_drafter.h"
+#include "decode/dflash_drafter.h"
 
 namespace kd {
 namespace {
