@@ -31,16 +31,9 @@ using gpu_test::Routing;
 
 using cuda::Epilogue;
 
-// Which kernel family expert_linear runs for INT4 experts, set for one scope and restored after.
-enum class Path { cores, imma };
+// Which kernel family expert_linear runs for INT4 experts (ExpertBatch::path, per call).
+using Path = cuda::ExpertPath;
 const char* path_name(Path p) { return p == Path::cores ? "CUDA-core" : "IMMA"; }
-struct PathScope {
-  bool imma = cuda::expert_imma_enabled();
-  explicit PathScope(Path p) { cuda::set_expert_imma(p == Path::imma); }
-  ~PathScope() { cuda::set_expert_imma(imma); }
-  PathScope(const PathScope&) = delete;
-  PathScope& operator=(const PathScope&) = delete;
-};
 
 // E INT4 g32 experts [rows, cols] back to back (words: 8 LSB-first nibbles; bf16 scale per 32).
 struct Experts {
@@ -60,8 +53,8 @@ struct Experts {
   float weight(int64_t e, int64_t r, int64_t k) const { return gpu_test::int4_weight(words, scales, cols, e * rows + r, k); }
 };
 
-// y [n·K, ldy] via cuda::expert_linear (whichever path is switched on); NaN-poisoned, or y0 (add).
-std::vector<float> run(const Experts& ex, const Routing& rt, const float* x, Epilogue ep, const float* y0 = nullptr) {
+// y [n·K, ldy] via cuda::expert_linear on `path`; NaN-poisoned, or y0 (add).
+std::vector<float> run(const Experts& ex, const Routing& rt, const float* x, Epilogue ep, Path path, const float* y0 = nullptr) {
   const int64_t ldy = ep == Epilogue::swiglu ? ex.rows / 2 : ex.rows;
   const DevRouting r(rt, ex.E);
   std::vector<float> y(static_cast<size_t>(rt.n * rt.K * ldy), std::nanf(""));
@@ -69,7 +62,8 @@ std::vector<float> run(const Experts& ex, const Routing& rt, const float* x, Epi
   DevBuf dx(size_t(rt.n * ex.cols) * 4), dy(y.size() * 4);
   dx.up(x, size_t(rt.n * ex.cols) * 4);
   dy.up(y.data(), y.size() * 4);
-  const cuda::ExpertBatch b = r.batch(ex.dw.p, ex.ds.as<uint16_t>(), ex.E, ex.rows, ex.cols);
+  cuda::ExpertBatch b = r.batch(ex.dw.p, ex.ds.as<uint16_t>(), ex.E, ex.rows, ex.cols);
+  b.path = path;
   cuda::expert_linear(b, dx.as<float>(), ex.cols, dy.as<float>(), ldy, ep, nullptr);
   cuda::check(cudaDeviceSynchronize(), "expert_linear");
   cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
@@ -100,10 +94,9 @@ void check_experts(Path path, int64_t rows, int64_t cols, uint32_t seed, bool ou
   std::vector<float> x = normal_x(n * cols, rng);
   if (outliers)
     for (size_t j = 0; j < x.size(); j += 37) x[j] *= 1000.0f;
-  PathScope on(path);
 
   // (a) parity of the store output against fp64 and the plain fp32 loop.
-  const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store);
+  const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store, path);
   std::vector<double> ref(y.size());
   std::vector<float> plain(y.size());
   std::vector<float> wrow(static_cast<size_t>(cols));
@@ -135,9 +128,8 @@ void check_experts(Path path, int64_t rows, int64_t cols, uint32_t seed, bool ou
               (long long)rows, (long long)cols, (long long)n, (long long)K, outliers ? " (outliers)" : "", e_mma, e_plain);
   EXPECT_LE(e_mma, 2 * e_plain) << path_name(path);
   {
-    PathScope off(Path::cores);
-    const std::vector<float> y_core = run(ex, rt, x.data(), Epilogue::store);
-    EXPECT_NE(0, std::memcmp(y.data(), y_core.data(), y.size() * 4)) << path_name(path) << " switch had no effect";
+    const std::vector<float> y_core = run(ex, rt, x.data(), Epilogue::store, Path::cores);
+    EXPECT_NE(0, std::memcmp(y.data(), y_core.data(), y.size() * 4)) << path_name(path) << " path had no effect";
   }
 
   // (b) + (c): each token alone (one row an expert, the decode shape) == its rows in the batch, for
@@ -145,11 +137,11 @@ void check_experts(Path path, int64_t rows, int64_t cols, uint32_t seed, bool ou
   const std::vector<float> y0 = normal_x(n * K * rows, rng);
   for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
     const int64_t ldy = ep == Epilogue::swiglu ? rows / 2 : rows;
-    const std::vector<float> yb = run(ex, rt, x.data(), ep, ep == Epilogue::add ? y0.data() : nullptr);
+    const std::vector<float> yb = run(ex, rt, x.data(), ep, path, ep == Epilogue::add ? y0.data() : nullptr);
     for (int64_t i = 0; i < n; ++i) {
       const Routing one{1, K, {rt.choice[size_t(i)]}};
       const std::vector<float> y1 =
-          run(ex, one, &x[size_t(i * cols)], ep, ep == Epilogue::add ? &y0[size_t(i * K * ldy)] : nullptr);
+          run(ex, one, &x[size_t(i * cols)], ep, path, ep == Epilogue::add ? &y0[size_t(i * K * ldy)] : nullptr);
       ASSERT_EQ(0, std::memcmp(y1.data(), &yb[size_t(i * K * ldy)], size_t(K * ldy) * 4))
           << rows << "x" << cols << " epilogue " << int(ep) << ": token " << i << " alone differs from the batch";
     }
@@ -195,8 +187,7 @@ TEST(CudaImmaExperts, NonFiniteInputs) {
   std::vector<float> x = normal_x(n * cols, rng);
   x[size_t(1 * cols + 700)] = std::numeric_limits<float>::infinity();
   x[size_t(3 * cols + 5)] = std::nanf("");
-  PathScope on(Path::imma);
-  const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store);
+  const std::vector<float> y = run(ex, rt, x.data(), Epilogue::store, Path::imma);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < K * rows; ++j) {
       const float v = y[size_t(i * K * rows + j)];
@@ -215,8 +206,8 @@ TEST(CudaImmaExperts, MissingScratchIsAnError) {
   const DevRouting r(make_routing(3, 2, 2, rng), 2);
   cuda::ExpertBatch b = r.batch(ex.dw.p, ex.ds.as<uint16_t>(), 2, 64, 1024);
   b.xq = nullptr;
+  b.path = Path::imma;
   DevBuf dx(3 * 1024 * 4), dy(3 * 2 * 64 * 4);
-  PathScope on(Path::imma);
   EXPECT_THROW(cuda::expert_linear(b, dx.as<float>(), 1024, dy.as<float>(), 64, Epilogue::store, nullptr), Error);
 }
 
@@ -235,14 +226,14 @@ TEST(CudaImmaExperts, TimingPrintout) {
   std::printf("   n | experts | CUDA-core us  GB/s | IMMA us  GB/s | IMMA/core\n");
   for (int64_t n : {1, 2, 4, 8, 17, 33}) {
     const DevRouting r(gpu_test::random_routing(n, K, E, rng), E);
-    const cuda::ExpertBatch b = r.batch(dw.p, ds.as<uint16_t>(), E, rows, cols);
+    cuda::ExpertBatch b = r.batch(dw.p, ds.as<uint16_t>(), E, rows, cols);
     const int32_t n_active = r.n_active;
     const double gb = double(n_active) * double(wbytes + sbytes) / 1e9;
     double t[2];
     for (Path p : {Path::cores, Path::imma}) {
-      PathScope mode(p);
+      b.path = p;
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), cols, dy.as<float>(), rows / 2, Epilogue::swiglu, nullptr); };
-      t[int(p)] = gpu_test::median_us(once);  // µs
+      t[p == Path::cores ? 0 : 1] = gpu_test::median_us(once);  // µs
     }
     std::printf("%4lld | %7d | %12.1f %5.0f | %7.1f %5.0f | %.2f\n", (long long)n, n_active, t[0], gb / (t[0] * 1e-6), t[1],
                 gb / (t[1] * 1e-6), t[1] / t[0]);

@@ -1,13 +1,12 @@
-// Sweep of the INT4 expert kernel configs at Kimi K2's routed-expert shapes — gate/up 4096 × 7168
-// (swiglu) and down 7168 × 2048 (store), 384 experts, top-8 random routing, n = 1 … 1024 tokens: µs
-// and GB/s a launch (CUDA events, median of 21 after 3 warm-ups; GB = distinct experts × their weight
-// + scale bytes), for the CUDA-core configs in swept_configs() (cuda::set_expert_config, linear.cu:
-// config 0, the staged 1 and 15, and the lean configs 16 …; the others were swept in
-// notes/logs/expert-sweep-1.log and are still checked bit for bit by ConfigsPartialTiles) and every
-// config of the integer tensor-core path (i0 …, cuda::set_expert_imma_config, expert_imma.cu).
-// Asserted per config: (a) parity of the store output against fp64 on sampled rows ≤ 2× a plain
-// fp32 loop's error, (b) each token's rows of a 17-token batch == the token alone (bitwise), (c) the
-// CUDA-core configs all write config 0's bits, the IMMA configs all IMMA config 0's. Skips without a GPU.
+// Sweep of the INT4 expert kernels at Kimi K2's routed-expert shapes — gate/up 4096 × 7168 (swiglu)
+// and down 7168 × 2048 (store), 384 experts, top-8 random routing, n = 1 … 1024 tokens: µs and GB/s a
+// launch (CUDA events, median of 21 after 3 warm-ups; GB = distinct experts × their weight + scale
+// bytes), for the CUDA-core register kernel (ExpertBatch::path = cores, linear.cu) and every tile of
+// the integer tensor-core path (kImmaTiles, ExpertBatch::imma_tile, expert_imma.cu). The choice
+// travels in each call's ExpertBatch. Asserted per mode: (a) parity of the store output against fp64
+// on sampled rows ≤ 2× a plain fp32 loop's error, (b) each token's rows of a 17-token batch == the
+// token alone (bitwise), (c) every IMMA tile writes the first tile's bits. The retired CUDA-core
+// staged/lean configs' last figures: docs/perf.md, "Retired kernels (issue 13)". Skips without a GPU.
 // Run: kdtree_gpu_tests --gtest_filter=CudaExperts.ConfigSweep
 #include <gtest/gtest.h>
 
@@ -36,20 +35,10 @@ using gpu_test::Routing;
 
 using cuda::Epilogue;
 
-
-// Restores the expert paths' switches and configs when the test ends.
-struct ModeScope {
-  bool imma = cuda::expert_imma_enabled();
-  int cfg = cuda::expert_config(), icfg = cuda::expert_imma_config();
-  ModeScope() = default;
-  ~ModeScope() {
-    cuda::set_expert_config(cfg);
-    cuda::set_expert_imma(imma);
-    cuda::set_expert_imma_config(icfg);
-  }
-  ModeScope(const ModeScope&) = delete;
-  ModeScope& operator=(const ModeScope&) = delete;
-};
+// Modes: 0 the CUDA-core register kernel, 1 + t the integer tensor-core path's tile t.
+constexpr int kModes = 1 + cuda::kImmaTileCount;
+bool is_imma(int mode) { return mode > 0; }
+std::string mode_label(int mode) { return is_imma(mode) ? cuda::kImmaTiles[mode - 1].name : "core"; }
 
 // E INT4 g32 experts [rows, cols] back to back on the device (random words, bf16 scales).
 struct Mat {
@@ -61,14 +50,17 @@ struct Mat {
   int64_t ldy() const { return ep == Epilogue::swiglu ? rows / 2 : rows; }
 };
 
-cuda::ExpertBatch batch(const Mat& m, const DevBuf& dw, const DevBuf& ds, const DevRouting& r) {
-  return r.batch(dw.p, ds.as<uint16_t>(), m.E, m.rows, m.cols);
+cuda::ExpertBatch batch(const Mat& m, const DevBuf& dw, const DevBuf& ds, const DevRouting& r, int mode) {
+  cuda::ExpertBatch b = r.batch(dw.p, ds.as<uint16_t>(), m.E, m.rows, m.cols);
+  b.path = is_imma(mode) ? cuda::ExpertPath::imma : cuda::ExpertPath::cores;
+  b.imma_tile = is_imma(mode) ? mode - 1 : -1;
+  return b;
 }
 
-// y [n·K, ldy] for token rows x (host) through the current mode; NaN-poisoned first.
+// y [n·K, ldy] for token rows x (host) through `mode`; NaN-poisoned first.
 // With y0 (the add epilogue) y starts as y0 instead.
 std::vector<float> run(const Mat& m, const DevBuf& dw, const DevBuf& ds, const Routing& rt, const float* x, Epilogue ep,
-                       const float* y0 = nullptr) {
+                       int mode, const float* y0 = nullptr) {
   const DevRouting r(rt, m.E);
   const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
   std::vector<float> y(static_cast<size_t>(rt.n * rt.K * ldy), std::nanf(""));
@@ -76,35 +68,11 @@ std::vector<float> run(const Mat& m, const DevBuf& dw, const DevBuf& ds, const R
   DevBuf dx(size_t(rt.n * m.cols) * 4), dy(y.size() * 4);
   dx.up(x, size_t(rt.n * m.cols) * 4);
   dy.up(y.data(), y.size() * 4);
-  const cuda::ExpertBatch b = batch(m, dw, ds, r);
+  const cuda::ExpertBatch b = batch(m, dw, ds, r, mode);
   cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), ldy, ep, nullptr);
   cuda::check(cudaDeviceSynchronize(), "expert_linear");
   cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
   return y;
-}
-
-// The CUDA-core configs the sweep times: 0 (the reference bits), 1 and 15 (the staged kernel's best),
-// and every lean config (16 …). Keeps the run under a minute and its table short.
-std::vector<int> swept_configs() {
-  std::vector<int> c = {0, 1, 15};
-  for (int i = 16; i < cuda::expert_config_count(); ++i) c.push_back(i);
-  return c;
-}
-
-// modes: 0 … count − 1 the CUDA-core configs, count + c the integer tensor-core path's config c
-// (expert_imma.cu).
-int imma_mode(int c) { return cuda::expert_config_count() + c; }
-void set_mode(int mode) {
-  const int n = cuda::expert_config_count();
-  cuda::set_expert_config(mode < n ? mode : -1);
-  cuda::set_expert_imma(mode >= n);
-  cuda::set_expert_imma_config(mode >= n ? mode - n : -1);
-}
-std::string mode_label(int mode) {
-  const int n = cuda::expert_config_count();
-  char buf[16];  // (snprintf: GCC 12 flags "i" + std::to_string with a false -Wrestrict)
-  std::snprintf(buf, sizeof buf, mode < n ? "%d" : "i%d", mode < n ? mode : mode - n);
-  return buf;
 }
 
 void sweep(const Mat& m, uint32_t seed) {
@@ -112,8 +80,6 @@ void sweep(const Mat& m, uint32_t seed) {
   DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
   cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, seed, nullptr);
   cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, seed + 1, nullptr);
-  std::vector<int> modes = swept_configs();
-  for (int c = 0; c < cuda::expert_imma_config_count(); ++c) modes.push_back(imma_mode(c));  // the IMMA path, last
 
   // (a) parity inputs: 17 tokens top-8 among experts 0 … 15 (each serves ~8 tokens: several token
   // tiles, odd counts); fp64 and plain fp32 references on every 16th row, from the downloaded weights.
@@ -155,7 +121,7 @@ void sweep(const Mat& m, uint32_t seed) {
   // (b) invariance inputs: 17 tokens over all experts, the timed epilogue.
   const Routing irt = random_routing(n, K, m.E, rng);
   const std::vector<float> ix = normal_x(n * m.cols, rng);
-  std::vector<float> y_cfg0, y_imma0;
+  std::vector<float> y_imma0;
 
   // Timing buffers: up to 1024 tokens (decode, verify trees, prefill chunks).
   const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 256, 512, 1024};
@@ -170,15 +136,14 @@ void sweep(const Mat& m, uint32_t seed) {
   std::printf("cfg  |");
   for (int64_t t : ns) std::printf(" %-13s|", ("n=" + std::to_string(t) + " us GB/s").c_str());
   std::printf(" err     bits\n");
-  for (const int mode : modes) {
-    set_mode(mode);
-    const bool imma = mode >= cuda::expert_config_count();
+  for (int mode = 0; mode < kModes; ++mode) {
+    const bool imma = is_imma(mode);
     char label[8];
     std::snprintf(label, sizeof label, "%s", mode_label(mode).c_str());
     std::string line = std::string(label) + std::string(5 - std::min<size_t>(4, std::strlen(label)), ' ') + "|";
     for (size_t t = 0; t < ns.size(); ++t) {
       const DevRouting r(trt[t], m.E);
-      const cuda::ExpertBatch b = batch(m, dw, ds, r);
+      const cuda::ExpertBatch b = batch(m, dw, ds, r, mode);
       auto once = [&] { cuda::expert_linear(b, dx.as<float>(), m.cols, dy.as<float>(), m.ldy(), m.ep, nullptr); };
       const double us = gpu_test::median_us(once), gb = double(r.n_active) * double(m.wbytes() + m.sbytes()) / 1e9;
       char cell[40];
@@ -187,7 +152,7 @@ void sweep(const Mat& m, uint32_t seed) {
     }
 
     // (a) parity.
-    const std::vector<float> y = run(m, dw, ds, prt, px.data(), Epilogue::store);
+    const std::vector<float> y = run(m, dw, ds, prt, px.data(), Epilogue::store, mode);
     double num = 0;
     for (size_t j = 0; j < ref.size(); ++j) {
       ASSERT_TRUE(std::isfinite(y[where[j]])) << "mode " << label << ": unwritten output";
@@ -196,45 +161,42 @@ void sweep(const Mat& m, uint32_t seed) {
     const double err = std::sqrt(num / den);
     EXPECT_LE(err, 2 * e_plain) << m.name << " config " << label;
 
-    // (b) each token alone == its rows in the batch; (c) == config 0's bits.
-    const std::vector<float> yb = run(m, dw, ds, irt, ix.data(), m.ep);
+    // (b) each token alone == its rows in the batch; (c) == the first IMMA tile's bits.
+    const std::vector<float> yb = run(m, dw, ds, irt, ix.data(), m.ep, mode);
     bool same = true;
     for (int64_t i = 0; i < n; ++i) {
       const Routing one{1, K, {irt.choice[size_t(i)]}};
-      const std::vector<float> y1 = run(m, dw, ds, one, &ix[size_t(i * m.cols)], m.ep);
+      const std::vector<float> y1 = run(m, dw, ds, one, &ix[size_t(i * m.cols)], m.ep, mode);
       same = same && std::memcmp(y1.data(), &yb[size_t(i * K * m.ldy())], size_t(K * m.ldy()) * 4) == 0;
     }
     EXPECT_TRUE(same) << m.name << " config " << label << ": a token alone differs from its rows in the batch";
-    if (mode == 0) y_cfg0 = yb;
-    if (mode == imma_mode(0)) y_imma0 = yb;
-    const bool as_cfg0 = std::memcmp(yb.data(), (imma ? y_imma0 : y_cfg0).data(), yb.size() * 4) == 0;
-    EXPECT_TRUE(as_cfg0) << m.name << " config " << label << " writes other bits than config " << (imma ? "i0" : "0");
+    if (mode == 1) y_imma0 = yb;
+    const bool as_first = !imma || std::memcmp(yb.data(), y_imma0.data(), yb.size() * 4) == 0;
+    EXPECT_TRUE(as_first) << m.name << " tile " << label << " writes other bits than tile " << mode_label(1);
     char tail[48];
-    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", as_cfg0 ? (imma ? " =i0" : " =0") : " !=0");
+    std::snprintf(tail, sizeof tail, " %.2e %s%s", err, same ? "inv" : "INV!", !imma ? "" : as_first ? " =first" : " !=first");
     std::printf("%s%s\n", line.c_str(), tail);
   }
 }
 
 TEST(CudaExperts, ConfigSweep) {
   REQUIRE_GPU();
-  ModeScope restore;
-  std::printf("device read bandwidth %.0f GB/s; production configs %d (gate/up; %d from %lld rows), %d (down; %d from %lld "
-              "rows); configs:\n",
-              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kExpertConfigGateUp, cuda::kExpertConfigWide,
-              (long long)cuda::kWideGateUpRows, cuda::kExpertConfigDown, cuda::kExpertConfigWide, (long long)cuda::kWideDownRows);
-  for (const int c : swept_configs()) std::printf("  %2d %s\n", c, cuda::expert_config_describe(c).c_str());
-  for (int c = 0; c < cuda::expert_imma_config_count(); ++c) std::printf("  i%d %s\n", c, cuda::expert_imma_describe(c).c_str());
+  std::printf("device read bandwidth %.0f GB/s; production: IMMA %s, %s from %lld rows (gate/up) / %lld rows (down); kernels:\n",
+              cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kImmaTiles[cuda::kImmaNarrowTile].name,
+              cuda::kImmaTiles[cuda::kImmaWideTile].name, (long long)cuda::kImmaWideGateUpRows, (long long)cuda::kImmaWideDownRows);
+  std::printf("  core %s\n", cuda::expert_cores_describe().c_str());
+  for (int c = 0; c < cuda::kImmaTileCount; ++c)
+    std::printf("  %s %s\n", cuda::kImmaTiles[c].name, cuda::expert_imma_describe(c).c_str());
   sweep(Mat{"gate/up", 384, 4096, 7168, Epilogue::swiglu}, 501);
   sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);
 }
 
-// Shapes that leave partial blocks and token tiles: 102 rows (not a multiple of any config's 8 … 64
-// rows a block), 2048 columns (two 1024-column steps), expert 0 serving all 19 tokens (odd, so MT = 2
-// ends on a single token). Every config, every epilogue: the bits of config 0, and each token alone
-// == its rows in the batch.
+// Shapes that leave partial blocks and token tiles: 102 rows (not a multiple of any tile's 32 or 64
+// rows a block), 2048 columns, expert 0 serving all 19 tokens (odd, so a pass of token pairs ends on a
+// single token). Every mode, every epilogue: each token alone == its rows in the batch; every IMMA
+// tile writes the first tile's bits (the CUDA-core kernel writes other bits: another arithmetic).
 TEST(CudaExperts, ConfigsPartialTiles) {
   REQUIRE_GPU();
-  ModeScope restore;
   std::mt19937 rng(511);
   const Mat m{"small", 4, 102, 2048, Epilogue::store};
   DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
@@ -247,35 +209,41 @@ TEST(CudaExperts, ConfigsPartialTiles) {
   for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
     const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
     const float* init = ep == Epilogue::add ? y0.data() : nullptr;
-    set_mode(0);
-    const std::vector<float> want = run(m, dw, ds, rt, x.data(), ep, init);
-    for (size_t j = 0; j < want.size(); ++j) ASSERT_TRUE(std::isfinite(want[j])) << "config 0 left output " << j;
-    set_mode(imma_mode(0));
-    const std::vector<float> want_imma = run(m, dw, ds, rt, x.data(), ep, init);
-    for (size_t j = 0; j < want_imma.size(); ++j) ASSERT_TRUE(std::isfinite(want_imma[j])) << "IMMA config 0 left output " << j;
-    // Every CUDA-core config == config 0, every IMMA config == IMMA config 0, and a token alone == its rows.
-    for (int mode = 1; mode < imma_mode(cuda::expert_imma_config_count()); ++mode) {
-      set_mode(mode);
-      const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, init);
-      const std::vector<float>& ref = mode >= cuda::expert_config_count() ? want_imma : want;
-      ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * 4)) << "config " << mode_label(mode) << " epilogue " << int(ep);
+    const std::vector<float> want_imma = run(m, dw, ds, rt, x.data(), ep, 1, init);
+    for (size_t j = 0; j < want_imma.size(); ++j) ASSERT_TRUE(std::isfinite(want_imma[j])) << "IMMA tile left output " << j;
+    for (int mode = 0; mode < kModes; ++mode) {
+      const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, mode, init);
+      for (size_t j = 0; j < y.size(); ++j) ASSERT_TRUE(std::isfinite(y[j])) << mode_label(mode) << " left output " << j;
+      if (is_imma(mode)) {
+        ASSERT_EQ(0, std::memcmp(y.data(), want_imma.data(), y.size() * 4)) << "tile " << mode_label(mode) << " epilogue " << int(ep);
+      }
       for (int64_t i = 0; i < n; i += 6) {
         const Routing one{1, K, {rt.choice[size_t(i)]}};
         const std::vector<float> y1 =
-            run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
+            run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, mode, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
         ASSERT_EQ(0, std::memcmp(y1.data(), &y[size_t(i * K * ldy)], size_t(K * ldy) * 4))
-            << "config " << mode_label(mode) << " epilogue " << int(ep) << ": token " << i << " alone differs";
+            << mode_label(mode) << " epilogue " << int(ep) << ": token " << i << " alone differs";
       }
     }
   }
 }
 
-// A bad config number is a clear error, not a silent fallback.
+// A bad kernel choice is a clear error before any launch, not a silent fallback (no GPU needed).
 TEST(CudaExperts, ConfigOutOfRange) {
-  EXPECT_THROW(cuda::set_expert_config(cuda::expert_config_count()), Error);
-  EXPECT_THROW(cuda::set_expert_config(-2), Error);
-  EXPECT_THROW(cuda::set_expert_imma_config(cuda::expert_imma_config_count()), Error);
-  EXPECT_THROW(cuda::set_expert_imma_config(-2), Error);
+  cuda::ExpertBatch b;
+  b.w.int4 = true;
+  b.w.rows = b.w.cols = 1024;
+  b.max_active = 1;
+  b.imma_tile = cuda::kImmaTileCount;
+  EXPECT_THROW(cuda::expert_linear(b, nullptr, 1024, nullptr, 1024, Epilogue::store, nullptr), Error);
+  b.imma_tile = -2;
+  EXPECT_THROW(cuda::expert_linear(b, nullptr, 1024, nullptr, 1024, Epilogue::store, nullptr), Error);
+  b.imma_tile = -1;
+  b.path = static_cast<cuda::ExpertPath>(7);
+  EXPECT_THROW(cuda::expert_linear(b, nullptr, 1024, nullptr, 1024, Epilogue::store, nullptr), Error);
+  cuda::MlaParams p;
+  p.heads_per_block = 3;
+  EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
 }
 
 }  // namespace

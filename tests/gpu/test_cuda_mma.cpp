@@ -2,8 +2,9 @@
 // op parity against fp64 and a plain fp32 loop at K2's shapes (the flash-attention rule, DESIGN.md
 // §2), bitwise row invariance (every row of a batch == the same row alone, M = 1, for every token
 // tile variant and epilogue), the epilogues against the store output, a timing printout of the
-// MMA path against the CUDA-core path (not asserted), and a sweep over the MMA kernel configurations
-// (parity and invariance asserted for each, timings printed). Every test skips without a GPU.
+// MMA path against the CUDA-core path (not asserted), and a sweep over the MMA tiles of kernel_config.h
+// (parity and invariance asserted for each, timings printed). The path and the tile travel in each
+// call's cuda::LinearConfig. Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "model/deepseek_v3_cuda.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "gpu_test_util.h"
 
 
@@ -28,15 +30,18 @@ using gpu_test::normal_x;
 
 using cuda::Epilogue;
 
-// Switches the MMA path for one scope and restores what was there (the suite may run with
-// KDTREE_CUDA_MMA=1 for the other tests).
-struct MmaScope {
-  bool before;
-  explicit MmaScope(bool on) : before(cuda::mma_enabled()) { cuda::set_mma(on); }
-  ~MmaScope() { cuda::set_mma(before); }
-  MmaScope(const MmaScope&) = delete;
-  MmaScope& operator=(const MmaScope&) = delete;
-};
+// Every bf16 matrix on the tensor cores (tile by shape, or `tile` forced), or none (the CUDA-core GEMV).
+cuda::LinearConfig mma_path(int tile = -1) {
+  cuda::LinearConfig c;
+  c.mma_min_rows = 0;
+  c.mma_tile = tile;
+  return c;
+}
+cuda::LinearConfig core_path() {
+  cuda::LinearConfig c;
+  c.mma_min_rows = cuda::kNoMma;
+  return c;
+}
 
 // A bf16 matrix [rows, cols] on the host and the device; N(0, 1/cols) entries.
 struct Matrix {
@@ -59,16 +64,17 @@ struct Matrix {
 
 int64_t out_cols(const Matrix& a, Epilogue ep) { return ep == Epilogue::swiglu ? a.rows / 2 : a.rows; }
 
-// y [M, out_cols] = epilogue(x [M, cols] · wᵀ) through cuda::linear (whichever path is switched
-// on); y starts as y0 (add) or NaN (every output must be written).
-std::vector<float> run(const Matrix& a, const float* x, int64_t M, Epilogue ep, const float* y0 = nullptr) {
+// y [M, out_cols] = epilogue(x [M, cols] · wᵀ) through cuda::linear with cfg; y starts as y0 (add)
+// or NaN (every output must be written).
+std::vector<float> run(const Matrix& a, const float* x, int64_t M, Epilogue ep, const cuda::LinearConfig& cfg,
+                       const float* y0 = nullptr) {
   const int64_t ldy = out_cols(a, ep);
   std::vector<float> y(static_cast<size_t>(M * ldy), std::nanf(""));
   if (y0 != nullptr) std::copy(y0, y0 + M * ldy, y.begin());
   DevBuf dx(size_t(M * a.cols) * 4), dy(y.size() * 4);
   dx.up(x, size_t(M * a.cols) * 4);
   dy.up(y.data(), y.size() * 4);
-  cuda::linear(a.dev(), static_cast<const float*>(dx.p), a.cols, M, static_cast<float*>(dy.p), ldy, ep, nullptr);
+  cuda::linear(a.dev(), static_cast<const float*>(dx.p), a.cols, M, static_cast<float*>(dy.p), ldy, ep, nullptr, cfg);
   cuda::check(cudaDeviceSynchronize(), "linear");
   cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "download");
   return y;
@@ -107,18 +113,18 @@ double rel_err(const std::vector<T>& a, const std::vector<double>& ref, size_t n
 }
 
 // (a) Parity: the MMA path's error against fp64 is at most 2× the plain fp32 loop's, for every M.
-void check_parity(int64_t rows, int64_t cols, uint32_t seed) {
+// cfg: the MMA path as production takes it (the default), or forced for every height.
+void check_parity(int64_t rows, int64_t cols, uint32_t seed, const cuda::LinearConfig& cfg = {}) {
   std::mt19937 rng(seed);
   const Matrix a(rows, cols, rng);
-  ASSERT_TRUE(cuda::mma_eligible(a.dev())) << rows << "x" << cols << " should take the MMA path (KDTREE_CUDA_MMA_MIN_ROWS?)";
+  ASSERT_TRUE(cuda::mma_eligible(a.dev(), cfg)) << rows << "x" << cols << " should take the MMA path (KDTREE_CUDA_MMA_MIN_ROWS?)";
   const int64_t Mmax = 33;
   const std::vector<float> x = normal_x(Mmax * cols, rng);
   std::vector<double> ref;
   std::vector<float> plain;
   references(a, x, Mmax, ref, plain);
-  MmaScope on(true);
   for (int64_t M : {1, 2, 5, 9, 17, 33}) {
-    const std::vector<float> y = run(a, x.data(), M, Epilogue::store);
+    const std::vector<float> y = run(a, x.data(), M, Epilogue::store, cfg);
     for (float v : y) ASSERT_TRUE(std::isfinite(v)) << "unwritten or non-finite output at M = " << M;
     const size_t n = size_t(M * rows);
     const double e_mma = rel_err(y, ref, n), e_plain = rel_err(plain, ref, n);
@@ -127,13 +133,9 @@ void check_parity(int64_t rows, int64_t cols, uint32_t seed) {
     EXPECT_LE(e_mma, 2 * e_plain) << rows << "x" << cols << " M = " << M;
   }
   // The path really ran: its bits differ from the CUDA-core kernel's somewhere (other reduction order).
-  const std::vector<float> y_mma = run(a, x.data(), Mmax, Epilogue::store);
-  std::vector<float> y_core;
-  {
-    MmaScope off(false);
-    y_core = run(a, x.data(), Mmax, Epilogue::store);
-  }
-  EXPECT_NE(0, std::memcmp(y_mma.data(), y_core.data(), y_mma.size() * 4)) << "MMA switch had no effect";
+  const std::vector<float> y_mma = run(a, x.data(), Mmax, Epilogue::store, cfg);
+  const std::vector<float> y_core = run(a, x.data(), Mmax, Epilogue::store, core_path());
+  EXPECT_NE(0, std::memcmp(y_mma.data(), y_core.data(), y_mma.size() * 4)) << "MMA path had no effect";
 }
 
 TEST(CudaMma, ParityK2Shapes) {
@@ -150,23 +152,23 @@ TEST(CudaMma, ParityRaggedShape) {
 
 // (b) + (c): every row of a batch == the row alone, bit for bit, for each epilogue and token tile
 // variant (8 / 16 / 24 / 32 rows, several tiles); add == y0 + store; swiglu == silu(g) · u of store.
-void check_invariance(int64_t rows, int64_t cols, uint32_t seed) {
+void check_invariance(int64_t rows, int64_t cols, uint32_t seed, const cuda::LinearConfig& cfg = {}) {
   std::mt19937 rng(seed);
   const Matrix a(rows, cols, rng);
+  ASSERT_TRUE(cuda::mma_eligible(a.dev(), cfg)) << rows << "x" << cols << " should take the MMA path";
   const int64_t Mmax = 70;
   const std::vector<float> x = normal_x(Mmax * cols, rng);
   const std::vector<float> y0 = normal_x(Mmax * rows, rng);  // residual for the add epilogue
-  MmaScope on(true);
   for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
     const int64_t ldy = out_cols(a, ep);
     std::vector<float> alone(static_cast<size_t>(Mmax * ldy));
     for (int64_t m = 0; m < Mmax; ++m) {
-      const std::vector<float> y1 = run(a, &x[size_t(m * cols)], 1, ep, ep == Epilogue::add ? &y0[size_t(m * ldy)] : nullptr);
+      const std::vector<float> y1 = run(a, &x[size_t(m * cols)], 1, ep, cfg, ep == Epilogue::add ? &y0[size_t(m * ldy)] : nullptr);
       std::copy(y1.begin(), y1.end(), alone.begin() + m * ldy);
     }
     for (float v : alone) ASSERT_TRUE(std::isfinite(v));
     for (int64_t M : {2, 8, 9, 16, 17, 24, 33, 70}) {
-      const std::vector<float> y = run(a, x.data(), M, ep, ep == Epilogue::add ? y0.data() : nullptr);
+      const std::vector<float> y = run(a, x.data(), M, ep, cfg, ep == Epilogue::add ? y0.data() : nullptr);
       for (int64_t m = 0; m < M; ++m)
         ASSERT_EQ(0, std::memcmp(&y[size_t(m * ldy)], &alone[size_t(m * ldy)], size_t(ldy) * 4))
             << rows << "x" << cols << " epilogue " << int(ep) << ": row " << m << " of M = " << M << " differs from M = 1";
@@ -174,13 +176,13 @@ void check_invariance(int64_t rows, int64_t cols, uint32_t seed) {
   }
   // The epilogues against the store output of the same rows.
   const int64_t M = 17;
-  const std::vector<float> st = run(a, x.data(), M, Epilogue::store);
-  const std::vector<float> ad = run(a, x.data(), M, Epilogue::add, y0.data());
+  const std::vector<float> st = run(a, x.data(), M, Epilogue::store, cfg);
+  const std::vector<float> ad = run(a, x.data(), M, Epilogue::add, cfg, y0.data());
   for (size_t i = 0; i < st.size(); ++i) {
     const float want = y0[i] + st[i];  // one IEEE fp32 add, as the kernel's __fadd_rn
     ASSERT_EQ(0, std::memcmp(&ad[i], &want, 4)) << "add epilogue at " << i;
   }
-  const std::vector<float> sw = run(a, x.data(), M, Epilogue::swiglu);
+  const std::vector<float> sw = run(a, x.data(), M, Epilogue::swiglu, cfg);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < rows / 2; ++j) {
       const float g = st[size_t(m * rows + 2 * j)], u = st[size_t(m * rows + 2 * j + 1)];
@@ -196,17 +198,15 @@ TEST(CudaMma, RowInvarianceAndEpilogues) {
   check_invariance(1030, 1000, 203);  // ragged rows and K
 }
 
-// Narrow matrices take the MMA path only below KDTREE_CUDA_MMA_MIN_ROWS (run the suite with it at 0).
+// Narrow matrices stay on CUDA cores in production (kMmaMinRows); forced through the MMA path
+// (LinearConfig::mma_min_rows = 0, as KDTREE_CUDA_MMA_MIN_ROWS=0 does for whole forwards) they keep
+// its parity and invariance.
 TEST(CudaMma, NarrowShapesWhenEnabled) {
   REQUIRE_GPU();
-  cuda::DevMatrix narrow;
-  narrow.rows = 13;
-  narrow.cols = 40;
-  if (!cuda::mma_eligible(narrow)) GTEST_SKIP() << "13-row matrices stay on the CUDA-core path (KDTREE_CUDA_MMA_MIN_ROWS unset)";
-  check_parity(13, 40, 105);
-  check_parity(576, 7168, 106);  // kv_a
-  check_invariance(13, 40, 204);
-  check_invariance(384, 7168, 205);  // router
+  check_parity(13, 40, 105, mma_path());
+  check_parity(576, 7168, 106, mma_path());  // kv_a
+  check_invariance(13, 40, 204, mma_path());
+  check_invariance(384, 7168, 205, mma_path());  // router
 }
 
 // Timing printout (not asserted): one call, CUDA events, median of 21 after 3 warm-ups, MMA path vs
@@ -230,9 +230,10 @@ TEST(CudaMma, TimingPrintout) {
     for (int64_t M : {1, 2, 4, 8, 17, 33}) {
       double t[2];
       for (int p = 0; p < 2; ++p) {
-        MmaScope mode(p == 1);
+        const cuda::LinearConfig cfg = p == 1 ? mma_path() : core_path();
         auto once = [&] {
-          cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr);
+          cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr,
+                       cfg);
         };
         t[p] = gpu_test::median_us(once);  // µs
       }
@@ -242,42 +243,25 @@ TEST(CudaMma, TimingPrintout) {
   }
 }
 
-// Selects an MMA kernel configuration for one scope and restores the one that was there.
-struct ConfigScope {
-  int before;
-  explicit ConfigScope(int c) : before(cuda::mma_config()) { cuda::set_mma_config(c); }
-  ~ConfigScope() { cuda::set_mma_config(before); }
-  ConfigScope(const ConfigScope&) = delete;
-  ConfigScope& operator=(const ConfigScope&) = delete;
-};
-
 // Median time (µs) of one cuda::linear call over 21 after 3 warm-ups, CUDA events; call i reads
 // weight copy i % copies.size() (copies > 3× L2 together, so every call streams from HBM).
-double median_linear_us(const std::vector<cuda::DevMatrix>& copies, const float* x, int64_t M, float* y) {
+double median_linear_us(const std::vector<cuda::DevMatrix>& copies, const float* x, int64_t M, float* y,
+                        const cuda::LinearConfig& cfg) {
   size_t i = 0;
   auto once = [&] {
     const cuda::DevMatrix& d = copies[i++ % copies.size()];
-    cuda::linear(d, x, d.cols, M, y, d.rows, Epilogue::store, nullptr);
+    cuda::linear(d, x, d.cols, M, y, d.rows, Epilogue::store, nullptr, cfg);
   };
   return gpu_test::median_us(once);
 }
 
-// Configurations whose outputs must equal another configuration's bit for bit (mma.cu: the "xs"
-// kernels keep config 14's reduction order for tall matrices and run config 8's kernels for short
-// ones), by name; -1: no such configuration.
-int config_index(const char* name) {
-  for (int c = 0; c < cuda::mma_config_count(); ++c)
-    if (std::strcmp(cuda::mma_config_name(c), name) == 0) return c;
-  return -1;
-}
-
-// Every kernel configuration of the bf16 MMA path (cuda::set_mma_config): asserted — parity against
-// fp64 (≤ 2× the plain fp32 loop's error) at 7168x2048 and 1536x7168, M = 17, and every row of
-// M = 5 / 9 / 17 / 33 / 64 / 70 bit-equal to the row alone (M = 1) for a tall (7168x2048) and a short
-// (1536x7168) matrix, i.e. both K-split rules, every token tile and (xs) one and two passes; the "xs"
-// configurations equal "rt2-kcl2" (tall) and "ks8" (short) bit for bit at M = 70; printed — µs and
-// GB/s of weight bytes (median of 21) for M = 1, 2, 4, 8, 17, 33, 64 at four shapes, with the
-// CUDA-core path as the first row (timed: a few reference configurations and every xs one).
+// Every MMA tile of kernel_config.h (LinearConfig::mma_tile): asserted — parity against fp64 (≤ 2×
+// the plain fp32 loop's error) at 7168x2048 and 1536x7168, M = 17, and every row of M = 5 / 9 / 17 /
+// 33 / 64 / 70 bit-equal to the row alone (M = 1) for a tall (7168x2048) and a short (1536x7168)
+// matrix, i.e. both K-split rules and every token tile; the shape rule (mma_tile = −1) writes the
+// bits of the tile it names for each shape; printed — µs and GB/s of weight bytes (median of 21) for
+// M = 1, 2, 4, 8, 17, 33, 64 at seven shapes, with the CUDA-core path as the first row. (The retired
+// tiles' last figures: docs/perf.md, "Retired kernels (issue 13)".)
 TEST(CudaMma, ConfigSweep) {
   REQUIRE_GPU();
   std::mt19937 rng(301);
@@ -289,14 +273,13 @@ TEST(CudaMma, ConfigSweep) {
   references(tall, xt, 17, ref, plain);
   references(shrt, xs, 17, ref_s, plain_s);
   const double e_plain = rel_err(plain, ref, plain.size()), e_plain_s = rel_err(plain_s, ref_s, plain_s.size());
-  MmaScope on(true);
-  ASSERT_TRUE(cuda::mma_eligible(tall.dev()) && cuda::mma_eligible(shrt.dev()));
-  const int n_cfg = cuda::mma_config_count();
-  std::printf("mma configs: err/plain-fp32-err vs fp64 at M=17, 7168x2048 (plain %.3g) & 1536x7168 (plain %.3g); "
+  const int n_cfg = cuda::kMmaTileCount;
+  std::printf("mma tiles: err/plain-fp32-err vs fp64 at M=17, 7168x2048 (plain %.3g) & 1536x7168 (plain %.3g); "
               "row invariance (inv):\n", e_plain, e_plain_s);
   for (int c = 0; c < n_cfg; ++c) {
-    ConfigScope cs(c);
-    const std::vector<float> y17 = run(tall, xt.data(), 17, Epilogue::store), y17s = run(shrt, xs.data(), 17, Epilogue::store);
+    const cuda::LinearConfig cfg = mma_path(c);
+    const char* name = cuda::kMmaTiles[c].name;
+    const std::vector<float> y17 = run(tall, xt.data(), 17, Epilogue::store, cfg), y17s = run(shrt, xs.data(), 17, Epilogue::store, cfg);
     bool finite = true;
     for (float v : y17) finite = finite && std::isfinite(v);
     for (float v : y17s) finite = finite && std::isfinite(v);
@@ -306,36 +289,31 @@ TEST(CudaMma, ConfigSweep) {
       const std::vector<float>& x = a == &tall ? xt : xs;
       std::vector<float> alone(static_cast<size_t>(Mmax * a->rows));
       for (int64_t m = 0; m < Mmax; ++m) {
-        const std::vector<float> y1 = run(*a, &x[size_t(m * a->cols)], 1, Epilogue::store);
+        const std::vector<float> y1 = run(*a, &x[size_t(m * a->cols)], 1, Epilogue::store, cfg);
         std::copy(y1.begin(), y1.end(), alone.begin() + m * a->rows);
       }
       for (int64_t M : {5, 9, 17, 33, 64, 70}) {
-        const std::vector<float> y = run(*a, x.data(), M, Epilogue::store);
+        const std::vector<float> y = run(*a, x.data(), M, Epilogue::store, cfg);
         for (int64_t m = 0; m < M; ++m)
           bad += std::memcmp(&y[size_t(m * a->rows)], &alone[size_t(m * a->rows)], size_t(a->rows) * 4) != 0;
       }
     }
-    // xs configurations: the same bits as their reference configurations (another kernel, same order).
+    // The shape rule: the tall matrix (≥ kMmaTallRows) runs kMmaTallTile, the short one kMmaShortTile.
     int differ = 0;
-    if (std::strncmp(cuda::mma_config_name(c), "xs", 2) == 0) {
-      const int ref_tall = config_index("rt2-kcl2"), ref_short = config_index("ks8");
-      EXPECT_TRUE(ref_tall >= 0 && ref_short >= 0) << "reference configurations renamed?";
-      for (const Matrix* a : {&tall, &shrt}) {
-        const std::vector<float>& x = a == &tall ? xt : xs;
-        const std::vector<float> y = run(*a, x.data(), Mmax, Epilogue::store);
-        ConfigScope rs_scope(a == &tall ? ref_tall : ref_short);
-        const std::vector<float> y_ref = run(*a, x.data(), Mmax, Epilogue::store);
-        differ += std::memcmp(y.data(), y_ref.data(), y.size() * 4) != 0;
-      }
+    for (const Matrix* a : {&tall, &shrt}) {
+      if (c != (a->rows >= cuda::kMmaTallRows ? cuda::kMmaTallTile : cuda::kMmaShortTile)) continue;
+      const std::vector<float>& x = a == &tall ? xt : xs;
+      const std::vector<float> y = run(*a, x.data(), Mmax, Epilogue::store, cfg);
+      const std::vector<float> y_rule = run(*a, x.data(), Mmax, Epilogue::store, mma_path());
+      differ += std::memcmp(y.data(), y_rule.data(), y.size() * 4) != 0;
     }
-    std::printf("  %2d %-8s %.2f %.2f %-4s inv %-4s%s%s", c, cuda::mma_config_name(c), r, rs,
-                finite && r <= 2 && rs <= 2 ? "ok" : "FAIL", bad == 0 ? "ok" : "FAIL", differ ? " REFBITS-FAIL" : "",
-                c % 3 == 2 || c == n_cfg - 1 ? "\n" : " |");
-    EXPECT_EQ(0, differ) << "config " << c << " (" << cuda::mma_config_name(c) << "): bits differ from its reference configuration";
-    EXPECT_TRUE(finite) << "config " << c << ": unwritten or non-finite output";
-    EXPECT_LE(r, 2.0) << "config " << c << " (" << cuda::mma_config_name(c) << ") 7168x2048";
-    EXPECT_LE(rs, 2.0) << "config " << c << " (" << cuda::mma_config_name(c) << ") 1536x7168";
-    EXPECT_EQ(0, bad) << "config " << c << " (" << cuda::mma_config_name(c) << "): rows differ from M = 1";
+    std::printf("  %2d %-8s %.2f %.2f %-4s inv %-4s%s\n", c, name, r, rs, finite && r <= 2 && rs <= 2 ? "ok" : "FAIL",
+                bad == 0 ? "ok" : "FAIL", differ ? " RULEBITS-FAIL" : "");
+    EXPECT_EQ(0, differ) << "tile " << c << " (" << name << "): the shape rule writes other bits than the tile it names";
+    EXPECT_TRUE(finite) << "tile " << c << ": unwritten or non-finite output";
+    EXPECT_LE(r, 2.0) << "tile " << c << " (" << name << ") 7168x2048";
+    EXPECT_LE(rs, 2.0) << "tile " << c << " (" << name << ") 1536x7168";
+    EXPECT_EQ(0, bad) << "tile " << c << " (" << name << "): rows differ from M = 1";
   }
 
   int dev = 0;
@@ -371,16 +349,29 @@ TEST(CudaMma, ConfigSweep) {
     std::printf("%lldx%lld bf16 %.0f MB x%zu copies | us/GBps at M = 1 2 4 8 17 33 64\n", (long long)sh.rows,
                 (long long)sh.cols, gb * 1e3, n_copies);
     for (int c = -1; c < n_cfg; ++c) {
-      MmaScope mode(c >= 0);
-      ConfigScope cs(c >= 0 ? c : cuda::mma_config());
-      std::printf("  %2d %-8s", c, c >= 0 ? cuda::mma_config_name(c) : "core");
+      const cuda::LinearConfig cfg = c >= 0 ? mma_path(c) : core_path();
+      std::printf("  %2d %-8s", c, c >= 0 ? cuda::kMmaTiles[c].name : "core");
       for (int64_t M : Ms) {
-        const double us = median_linear_us(copies, static_cast<const float*>(dx.p), M, static_cast<float*>(dy.p));
+        const double us = median_linear_us(copies, static_cast<const float*>(dx.p), M, static_cast<float*>(dy.p), cfg);
         std::printf(" %6.1f/%4.0f", us, gb / (us * 1e-6));
       }
       std::printf("\n");
     }
   }
+}
+
+// A bad choice is a clear error before any launch (no GPU needed).
+TEST(CudaMma, BadConfigIsAnError) {
+  cuda::DevMatrix d;
+  d.rows = 16;
+  d.cols = 16;
+  cuda::LinearConfig bad = mma_path(cuda::kMmaTileCount);
+  EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
+  bad.mma_tile = -2;
+  EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
+  bad = mma_path();
+  bad.mma_min_rows = -1;
+  EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
 }
 
 }  // namespace

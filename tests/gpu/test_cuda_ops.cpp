@@ -209,14 +209,15 @@ TEST(CudaOps, MlaAttentionK2ShapesWithTreeMask) {
   std::printf("MLA 64 heads, 576 latent, 1100 cached + tree of 5: GPU err %.3g, plain fp32 err %.3g\n", e_gpu, e_plain);
   EXPECT_LE(e_gpu, 2 * e_plain + 1e-7);
 
-  // Heads a core block (the launch picks it by the batch): speed only, the same bits.
+  // Heads a core block (the launch picks it by the batch; MlaParams::heads_per_block forces it):
+  // speed only, the same bits.
   for (int hb : {1, 2, 4}) {
-    cuda::set_mla_heads(hb);
+    cuda_ops::MlaShape sh = s;
+    sh.heads_per_block = hb;
     std::vector<float> o(out.size(), std::nanf(""));
-    cuda_ops::mla_attention(s, q.data(), cache, kv_b, vr, vc, o.data());
+    cuda_ops::mla_attention(sh, q.data(), cache, kv_b, vr, vc, o.data());
     EXPECT_EQ(0, std::memcmp(o.data(), out.data(), out.size() * 4)) << hb << " heads a block";
   }
-  cuda::set_mla_heads(0);
 
   // Row invariance: node 3 alone, with the same key list, gives the same bits as inside the tree.
   cuda_ops::MlaShape s1 = s;

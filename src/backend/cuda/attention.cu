@@ -16,9 +16,6 @@
 // ordered by position in that list — so a verified node reproduces its AR step bit for bit whatever
 // the tree, the batch or the paging around it (no public Hopper MLA kernel takes a tree mask).
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backend/cuda/common.cuh"
@@ -374,30 +371,9 @@ int64_t mla_max_keys(int64_t Lr, int64_t dr) {
 
 int64_t mla_part_floats(int64_t n, int64_t H, int64_t Lr) { return std::min<int64_t>(n, kChunkRows) * H * kMaxChunks * (Lr + 4); }
 
-namespace {
-std::atomic<int> g_mla_heads{-1};  // -1: not read from the environment yet
-int mla_heads() {
-  int v = g_mla_heads.load();
-  if (v >= 0) return v;
-  v = 0;
-  if (const char* e = std::getenv("KDTREE_CUDA_MLA_HEADS"); e != nullptr && *e != '\0') {
-    if (std::strcmp(e, "1") && std::strcmp(e, "2") && std::strcmp(e, "4"))
-      fail("KDTREE_CUDA_MLA_HEADS must be 1, 2 or 4 (heads a block; unset: chosen by the batch), not '", std::string(e), "'");
-    v = std::atoi(e);
-  }
-  int expected = -1;
-  g_mla_heads.compare_exchange_strong(expected, v);
-  return g_mla_heads.load();
-}
-}  // namespace
-
-void set_mla_heads(int heads_per_block) {
-  if (heads_per_block != 0 && heads_per_block != 1 && heads_per_block != 2 && heads_per_block != 4)
-    fail("MLA heads a block must be 0 (by the batch), 1, 2 or 4, not ", heads_per_block);
-  g_mla_heads.store(heads_per_block);
-}
-
 void mla_attention(const MlaParams& p, cudaStream_t s) {
+  if (p.heads_per_block != 0 && p.heads_per_block != 1 && p.heads_per_block != 2 && p.heads_per_block != 4)
+    fail("CUDA MLA: heads a block must be 0 (by the batch), 1, 2 or 4, not ", p.heads_per_block);
   if (p.dn > 512) fail("CUDA MLA: qk_nope_head_dim ", p.dn, " exceeds 512");
   if (p.Lr > 2 * kCoreThreads) fail("CUDA MLA: kv_lora_rank ", p.Lr, " exceeds ", 2 * kCoreThreads, " (W_UV's shared o_lat rows)");
   if (p.Lr % 4 || p.dr % 4)
@@ -418,7 +394,7 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   // Heads a core block: as many as keep ≥ 256 blocks (two a multiprocessor) and fit shared memory —
   // each head of a block shares its key loads, so fewer re-reads of the cache from L2; a short decode
   // row keeps one a block. Speed only: HB never changes a head's bits.
-  const int forced = mla_heads();
+  const int forced = p.heads_per_block;
   auto fits = [&](int hb) {
     const bool ok = p.H % hb == 0 && smem_bytes(p.Lr, p.dr, cap, hb) <= kMaxSmem;
     if (forced == hb && !ok) fail("CUDA MLA: ", hb, " heads a block do not fit ", p.H, " heads and ", cap, "-key chunks");

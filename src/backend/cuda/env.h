@@ -1,6 +1,10 @@
-// Settings of the CUDA backend read once from the environment (host side; sweeps and benchmarks
-// force kernel choices this way). A malformed value is an error naming the variable and the range.
+// Settings of the CUDA backend read once from the environment (host side). Kernel choices travel in
+// the launchers' parameters (kernel_config.h); the environment may only feed a parameter struct's
+// default, at one place, documented there — today KDTREE_CUDA_MMA_MIN_ROWS (LinearConfig). A malformed
+// value is an error naming the variable and what it must be.
 #pragma once
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -8,23 +12,15 @@
 
 namespace kd::cuda {
 
-// "0" or "1"; `unset` when the variable is unset or empty.
-inline int env_switch(const char* name, int unset) {
+// A count ≥ 0 (decimal); `unset` when the variable is unset or empty.
+inline int64_t env_count(const char* name, int64_t unset) {
   const char* e = std::getenv(name);
   if (e == nullptr || *e == '\0') return unset;
-  const std::string v(e);
-  if (v == "0" || v == "1") return v == "1";
-  fail(name, " must be 0 or 1, not '", v, "'");
-}
-
-// An index in [0, count) (a kernel configuration); −1 when the variable is unset or empty.
-inline int env_index(const char* name, int count) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return -1;
   char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  if (*end != '\0' || v < 0 || v >= count) fail(name, "='", std::string(e), "' is not a config number in [0, ", count, ")");
-  return int(v);
+  errno = 0;
+  const long long v = std::strtoll(e, &end, 10);
+  if (*end != '\0' || v < 0 || errno == ERANGE) fail(name, " must be a count ≥ 0, not '", std::string(e), "'");
+  return int64_t(v);
 }
 
 }  // namespace kd::cuda

@@ -1,5 +1,6 @@
 // INT4 g32 routed experts on the integer tensor cores (mma.sync m16n8k32, s8 × s8 → s32): the
-// default path of cuda::expert_linear for INT4 experts (kernels.h: expert_imma_enabled).
+// default path of cuda::expert_linear for INT4 experts (kernels.h: ExpertBatch::path). Its tile table
+// is kernel_config.h's kImmaTiles.
 //
 // Why: the CUDA-core kernels (linear.cu) spend ≈ 2.5 issued instructions a weight and token (unpack
 // + one FFMA a weight), which makes them issue-bound at ≈ 80 % of the issue slots for the k2-slice
@@ -37,13 +38,10 @@
 // block configuration can change a bit (tests/gpu/test_cuda_expert_imma.cpp and test_cuda_expert_sweep.cpp
 // assert it bitwise). Measured steps and the sweep behind the configs and the rule: docs/perf.md.
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/env.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -343,73 +341,27 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   }
 }
 
-struct ImmaConfig {
-  int W, RT, ST, MP;
-};
-// Tile shapes (all write the same bits); shared memory a block = ST × (W·RT·16 rows × 592 B + MP · 8.4 KB).
-constexpr ImmaConfig kImma[] = {
-    {4, 1, 2, 1},  // 0: 64 rows, 92 KB → 2 blocks an SM
-    {2, 1, 3, 1},  // 1: 32 rows, 82 KB → 2 blocks
-    {2, 1, 2, 1},  // 2: 32 rows, 55 KB → 4 blocks
-    {4, 1, 3, 1},  // 3: 64 rows, 139 KB → 1 block
-    {2, 2, 2, 1},  // 4: 64 rows with 2 warps, 92 KB → 2 blocks
-    {8, 1, 2, 1},  // 5: 128 rows, 168 KB → 1 block, 8 warps
-    {2, 1, 2, 2},  // 6: 4 tokens a pass, 32 rows, 71 KB → 3 blocks
-    {4, 1, 2, 2},  // 7: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
-    {2, 1, 2, 4},  // 8: 8 tokens a pass, 32 rows, 104 KB → 2 blocks
-};
-constexpr int kImmaConfigs = int(sizeof(kImma) / sizeof(kImma[0]));
-// The rule (H200 sweep, docs/perf.md): config 2 (4 blocks × 2 warps an SM: faster than 2 × 4 and 1 × 8
-// at every batch); config 7 (4 tokens a pass) once the forward has ≥ kImmaWideGateUpRows rows (gate/up,
-// rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound.
-constexpr int kImmaRule = 2, kImmaWide = 7;
-constexpr int64_t kImmaWideGateUpRows = 128, kImmaWideDownRows = 256;
-
+// Calls f(W, RT, ST, MP as integral constants) for kImmaTiles[tile] (kernel_config.h).
 template <class F>
-void with_imma(int cfg, F&& f) {
-#define KD_IMMA(i)                                                                                  \
-  case i:                                                                                           \
-    f(std::integral_constant<int, kImma[i].W>{}, std::integral_constant<int, kImma[i].RT>{},        \
-      std::integral_constant<int, kImma[i].ST>{}, std::integral_constant<int, kImma[i].MP>{});      \
+void with_imma(int tile, F&& f) {
+#define KD_IMMA(i)                                                                                            \
+  case i:                                                                                                     \
+    f(std::integral_constant<int, kImmaTiles[i].W>{}, std::integral_constant<int, kImmaTiles[i].RT>{},        \
+      std::integral_constant<int, kImmaTiles[i].ST>{}, std::integral_constant<int, kImmaTiles[i].MP>{});      \
     return;
-  switch (cfg) {
-    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2) KD_IMMA(3) KD_IMMA(4) KD_IMMA(5) KD_IMMA(6) KD_IMMA(7) KD_IMMA(8)
+  switch (tile) {
+    KD_IMMA(0) KD_IMMA(1)
     default:
-      fail("CUDA expert IMMA config ", cfg, " does not exist (0 … ", kImmaConfigs - 1, ")");
+      fail("CUDA expert IMMA tile ", tile, " does not exist (0 … ", kImmaTileCount - 1, ")");
   }
 #undef KD_IMMA
 }
-static_assert(kImmaConfigs == 9, "with_imma lists every config");
-
-std::atomic<int> g_imma_override{-1};  // -1: the environment (KDTREE_CUDA_EXPERT_IMMA, on unless 0)
-std::atomic<int> g_imma_config{-2};    // -2: the environment (KDTREE_CUDA_IMMA_CONFIG); -1: the rule
+static_assert(kImmaTileCount == 2, "with_imma lists every kImmaTiles entry");
 
 }  // namespace
 
 int64_t expert_digit_bytes(int64_t rows, int64_t cols) { return rows * (cols / 32) * kGroupBytes; }
 int64_t expert_digit_units(int64_t rows, int64_t cols) { return rows * unit_pitch(cols / 32); }
-
-bool expert_imma_enabled() {
-  const int o = g_imma_override.load();
-  if (o >= 0) return o == 1;
-  static const int from_env = env_switch("KDTREE_CUDA_EXPERT_IMMA", 1);  // on unless KDTREE_CUDA_EXPERT_IMMA=0
-  return from_env == 1;
-}
-void set_expert_imma(bool on) { g_imma_override.store(on ? 1 : 0); }
-
-int expert_imma_config_count() { return kImmaConfigs; }
-int expert_imma_config() {
-  int c = g_imma_config.load();
-  if (c == -2) {
-    c = env_index("KDTREE_CUDA_IMMA_CONFIG", kImmaConfigs);
-    g_imma_config.store(c);
-  }
-  return c;
-}
-void set_expert_imma_config(int c) {
-  if (c < -1 || c >= kImmaConfigs) fail("CUDA expert IMMA config ", c, " does not exist (0 … ", kImmaConfigs - 1, ")");
-  g_imma_config.store(c);
-}
 
 void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   const int64_t groups = b.w.cols / 32;
@@ -423,10 +375,9 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
   const int64_t warps = b.x_rows * groups;
   digits_kernel<<<unsigned((warps * 32 + 255) / 256), 256, 0, s>>>(x, ldx, b.x_rows, groups, b.xq, b.xunit);
   check_launch("expert digits");
-  const int forced = expert_imma_config();
   const bool down = b.w.rows > b.w.cols;
   const bool wide = b.max_rows_per_expert >= (down ? kImmaWideDownRows : kImmaWideGateUpRows);
-  with_imma(forced >= 0 ? forced : wide ? kImmaWide : kImmaRule, [&](auto w, auto rt, auto st, auto mp) {
+  with_imma(b.imma_tile >= 0 ? b.imma_tile : wide ? kImmaWideTile : kImmaNarrowTile, [&](auto w, auto rt, auto st, auto mp) {
     constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
     using C = Imma<W, RT, ST, MP>;
     constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;
@@ -441,9 +392,9 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
   check_launch("expert_linear (IMMA)");
 }
 
-std::string expert_imma_describe(int cfg) {
+std::string expert_imma_describe(int tile) {
   std::string out;
-  with_imma(cfg, [&](auto w, auto rt, auto st, auto mp) {
+  with_imma(tile, [&](auto w, auto rt, auto st, auto mp) {
     constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
     using C = Imma<W, RT, ST, MP>;
     constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/kernel_config.h"
+
 namespace kd::cuda {
 
 // A weight matrix on the device, row-major [rows = out, cols = in].
@@ -30,8 +32,17 @@ enum class Epilogue : int {
 };
 
 // y[m, ·] (ldy) = epilogue(x[m, ·] (ldx) · wᵀ) for m < M. bf16: cols % 8 == 0; INT4: cols % 32 == 0.
+// cfg: which kernel (kernel_config.h; the default is production's). bf16 matrices of ≥
+// cfg.mma_min_rows rows take the tensor-core path (mma.cu): fp32 x split exactly into three bf16
+// parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical whatever M (it serves
+// M = 1 too), the tile is a rule of the matrix's shape unless cfg.mma_tile forces one. Narrower
+// matrices and INT4 run the CUDA-core GEMV (linear.cu). A bad cfg is an error before any launch.
 void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
-            cudaStream_t s);
+            cudaStream_t s, const LinearConfig& cfg = {});
+// Whether linear(w, …, cfg) runs on the tensor cores; linear_mma runs it there (false: not eligible).
+bool mma_eligible(const DevMatrix& w, const LinearConfig& cfg = {});
+bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
+                cudaStream_t s, const LinearConfig& cfg = {});
 
 // Routed experts of one layer, their rows grouped by expert (see dispatch()). Expert e's matrix
 // starts at w.w + e · w_stride_bytes (scales: + e · scale_stride_elems). Entry j of active expert a
@@ -50,72 +61,25 @@ struct ExpertBatch {
   int64_t x_rows = 0;
   int8_t* xq = nullptr;
   uint16_t* xunit = nullptr;
+  // Kernel choice (kernel_config.h; the defaults are production's): the INT4 experts' path, and the
+  // IMMA tile (−1: the rule, by the matrix and max_rows_per_expert; else a kImmaTiles index).
+  ExpertPath path = ExpertPath::imma;
+  int imma_tile = -1;
 };
 void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
 
 // INT4 experts on the integer tensor cores (expert_imma.cu: exact s8 × s8 MMAs of 16·(nibble − 8)
 // and four base-256 digits of x, block floating point per group of 32; fp32 accumulation over
-// groups): the path expert_linear takes for INT4 experts unless switched off (set_expert_imma(false),
-// KDTREE_CUDA_EXPERT_IMMA=0, read once) or a CUDA-core config is forced (set_expert_config(c ≥ 0),
-// KDTREE_CUDA_EXPERT_CONFIG: sweeps of those kernels). Every token count takes the same path, so
-// rows stay bit-identical whatever the batch. Its tile configs (tile rows, stages, tokens a pass) all
-// write the same bits, so the rule may pick one by the matrix and the forward's row count
-// (max_rows_per_expert); KDTREE_CUDA_IMMA_CONFIG (read once) or set_expert_imma_config(c) force one
-// (−1: the rule).
+// groups): the path expert_linear takes for INT4 experts unless the batch asks for the CUDA-core
+// register kernel (ExpertBatch::path = cores: other bits, tests and timings). Every token count takes
+// the same path, so rows stay bit-identical whatever the batch. Its tiles (kImmaTiles) all write the
+// same bits, so the rule may pick one by the matrix and the forward's row count (max_rows_per_expert);
+// ExpertBatch::imma_tile forces one. A bad choice is an error before any launch.
 int64_t expert_digit_bytes(int64_t rows, int64_t cols);
 int64_t expert_digit_units(int64_t rows, int64_t cols);
-bool expert_imma_enabled();
-void set_expert_imma(bool on);
-int expert_imma_config_count();
-int expert_imma_config();
-void set_expert_imma_config(int c);
-std::string expert_imma_describe(int cfg);  // tile, registers, occupancy
+std::string expert_imma_describe(int tile);  // tile, registers, occupancy
+std::string expert_cores_describe();         // the CUDA-core register kernel: registers, occupancy
 void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float* y, int64_t ldy, Epilogue ep, cudaStream_t s);
-
-// Which CUDA-core kernel expert_linear runs for INT4 experts (linear.cu: 0 = the register kernel, 1 … 15
-// the shared-memory staged kernel in several tile/stage shapes, 16 … the lean staged kernel: fewer
-// instructions a weight, token pairs). Every config writes the same bits
-// (same per-lane chunk order and arithmetic), so the choice is performance only. With the integer
-// path off, expert_linear picks by the matrix and the forward's row count (the H200 sweep's winners,
-// docs/perf.md): gate/up (rows ≤
-// cols) kExpertConfigGateUp, or kExpertConfigWide (token pairs share each unpacked weight) from
-// kWideGateUpRows rows on; down (rows > cols) kExpertConfigDown, or kExpertConfigWide from
-// kWideDownRows on; expert_config() is then −1. KDTREE_CUDA_EXPERT_CONFIG (read once) or
-// set_expert_config(cfg) (tests and the sweep; −1 restores the rule) force one. Shapes a staged
-// config cannot take (expert_config_fits: cols % 1024, 16-byte strides) run config 0.
-constexpr int kExpertConfigGateUp = 16, kExpertConfigDown = 17;  // the lean kernel, 4 warps × 8 rows
-constexpr int kExpertConfigWide = 20;                             // lean, token pairs (MT = 2)
-constexpr int64_t kWideGateUpRows = 33, kWideDownRows = 128;
-int expert_config_count();
-int expert_config();
-void set_expert_config(int cfg);
-bool expert_config_fits(const ExpertBatch& b);
-std::string expert_config_describe(int cfg);  // shape, registers, occupancy, bytes in flight an SM
-
-// Tensor-core path of linear() for bf16 matrices of ≥ mma_min_rows() rows (mma.cu): fp32 x split
-// exactly into three bf16 parts, three MMAs a k16 step, fp32 accumulation; rows stay bit-identical
-// whatever M (it serves M = 1 too). Process-wide, on unless set_mma(false) or KDTREE_CUDA_MMA=0
-// (read once; the measured choice, docs/perf.md); switch it before a forward is captured into a
-// CUDA graph. linear() calls
-// linear_mma() first, which returns false when the path is off or the matrix is not eligible.
-// kMmaMinRows: narrower matrices leave most SMs idle as 16-row tiles; KDTREE_CUDA_MMA_MIN_ROWS
-// (read once) overrides it — 0 sends every bf16 matrix through the MMA path (tests on small models).
-constexpr int64_t kMmaMinRows = 1024;
-int64_t mma_min_rows();
-void set_mma(bool on);
-bool mma_enabled();
-bool mma_eligible(const DevMatrix& w);
-bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
-                cudaStream_t s);
-// Kernel configurations of the bf16 MMA path (tile shape, K split, loads in flight; mma.cu lists
-// them): each keeps rows invariant to M, but two configurations may differ in the last bits.
-// Production picks one by the matrix's shape alone (mma.cu: kTallConfig / kShortConfig);
-// mma_config() is then −1. For sweeps and benchmarks, KDTREE_CUDA_MMA_CONFIG (read once) or
-// set_mma_config(c) forces one for every shape (−1 restores the shape rule); out of range fails.
-int mma_config_count();
-const char* mma_config_name(int c);
-int mma_config();
-void set_mma_config(int c);
 
 // out[i, d] = table[ids[i], d] as fp32 (bf16 table [vocab, dim]).
 void embed(const uint16_t* table, int64_t dim, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
@@ -166,14 +130,11 @@ struct MlaParams {
   int64_t max_keys = 0;               // bound on every row's key count (sizes the shared score buffer)
   int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
+  int heads_per_block = 0;  // 0: by the batch (production); 1, 2 or 4 forced (kernel_config.h): speed only
 };
 void mla_attention(const MlaParams& p, cudaStream_t s);
 int64_t mla_max_keys(int64_t Lr, int64_t dr);  // longest key list the attention kernels take
 int64_t mla_part_floats(int64_t n, int64_t H, int64_t Lr);  // MlaParams::part's size for n rows
-// Heads a block of the MLA core kernel serves: 0 (default) picks by the batch; 1, 2 or 4 forces it
-// where the head count and shared memory allow (tests, sweeps; env KDTREE_CUDA_MLA_HEADS). Speed
-// only: a head's bits never depend on it.
-void set_mla_heads(int heads_per_block);
 // (kv_b must be bf16; qk_nope_head_dim ≤ 512)
 
 // MoE router of n rows (SPEC-MODEL.md §2): sigmoid scores, selection on score + bias with group

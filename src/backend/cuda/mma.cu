@@ -1,6 +1,6 @@
-// Tensor-core path (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights
-// (switch: set_mma / KDTREE_CUDA_MMA). Once on, it serves every M, 1 included, so a row's bits never
-// depend on the batch (DESIGN.md §2). (INT4 experts: expert_imma.cu; a bf16-MMA expert kernel that
+// Tensor-core path (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights of
+// ≥ LinearConfig::mma_min_rows rows. It serves every M of such a matrix, 1 included, so a row's bits
+// never depend on the batch (DESIGN.md §2). Its tile table is kernel_config.h's kMmaTiles. (INT4 experts: expert_imma.cu; a bf16-MMA expert kernel that
 // lived here was removed once the integer one beat it at every batch — docs/perf.md.)
 //
 // Orientation: the MMA's 16 "rows" are 16 weight rows (outputs), its 8 "columns" are 8 token rows,
@@ -36,11 +36,7 @@
 #include "core/error.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <type_traits>
+#include <cstdint>
 #include <vector>
 
 namespace kd::cuda {
@@ -114,21 +110,18 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&a)[4], cons
   mma_bf16(d, a, b[0][0], b[0][1]);
 }
 
-// One 16-byte weight load. LD 0: __ldg (read-only path, allocates in L1); 1: ld.global.nc with
-// L1::no_allocate (streamed weights do not evict x, which every block re-reads, from L1); 2: the
+// One 16-byte weight load. LD 1: ld.global.nc with L1::no_allocate (streamed weights do not evict x, which every block re-reads, from L1); 2: the
 // same plus the L2::256B prefetch hint (a 64-byte request fetches its whole 256-byte run from HBM).
 // volatile: the compiler must not speculate the load out of its `k < K` guard (past the buffer).
 template <int LD>
 __device__ __forceinline__ uint4 load_w(const uint16_t* p) {
   uint4 v;
-  if constexpr (LD == 0) {
-    v = __ldg(reinterpret_cast<const uint4*>(p));
-  } else if constexpr (LD == 1) {
+  if constexpr (LD == 1) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
   } else {
-    static_assert(LD == 2, "weight load flavour: 0, 1 or 2");
+    static_assert(LD == 2, "weight load flavour: 1 or 2");
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
@@ -139,13 +132,13 @@ __device__ __forceinline__ uint4 load_w(const uint16_t* p) {
 // One warp's share of a 16·RT (weight rows) × 8·NT (tokens) bf16 tile: acc[rt][nt][i] (D fragment
 // layout: element i of lane (g, t) is weight row g + 8·(i / 2), token 2t + i % 2) over k32 blocks
 // w, w + KS, … (each 64 contiguous bytes a row), in k order; each k16 step's three MMAs go into a
-// fresh fragment, added to acc. U: k32 blocks whose weight loads are issued together; PF: software
-// pipeline — the next U blocks' loads are issued before this batch's MMAs (twice the registers, but
+// fresh fragment, added to acc. U: k32 blocks whose weight loads are issued together, software-
+// pipelined — the next U blocks' loads are issued before this batch's MMAs (twice the registers, but
 // the warp never waits on HBM with nothing in flight). KC: the warp takes runs of U consecutive k32
 // blocks instead (runs w, w + KS, …: a batch's loads fill whole 128-byte lines of each row) — then
-// U is part of the order. None of PF, LD, RT, NT (nor U without KC) changes the order.
+// U is part of the order. None of LD, RT, NT (nor U without KC) changes the order.
 // Lane (g, t)'s weight rows g and g + 8 of each of the RT 16-row tiles from row0 (clamped to the
-// matrix), at column 8t; and the tile's accumulators zeroed (the bf16 kernels here and in mma_xs.cuh).
+// matrix), at column 8t; and the tile's accumulators zeroed.
 template <int RT, int NT>
 __device__ __forceinline__ void tile_start(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0, int g, int t,
                                            const uint16_t* (&wp)[RT][2], float (&acc)[RT][NT][4]) {
@@ -161,7 +154,7 @@ __device__ __forceinline__ void tile_start(const uint16_t* w16, int64_t rows, in
       for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
 }
 
-template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC>
+template <int RT, int NT, int KS, int U, int LD, bool KC>
 __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int64_t K, int64_t row0,
                                           const float* const (&xr)[NT], float (&acc)[RT][NT][4], int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -219,24 +212,17 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
   };
 
   uint4 wv[U][RT][2];
-  if constexpr (PF) {
-    load(first, wv);
-    for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
-      uint4 nx[U][RT][2];
-      load(kb0 + stride, nx);  // past the end: predicated off, zeros
-      compute(kb0, wv);
+  load(first, wv);
+  for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
+    uint4 nx[U][RT][2];
+    load(kb0 + stride, nx);  // past the end: predicated off, zeros
+    compute(kb0, wv);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
+      for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) wv[u][rt][h] = nx[u][rt][h];
-    }
-  } else {
-    for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
-      load(kb0, wv);
-      compute(kb0, wv);
-    }
+        for (int h = 0; h < 2; ++h) wv[u][rt][h] = nx[u][rt][h];
   }
 }
 
@@ -285,7 +271,7 @@ __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 
 // neighbouring blocks, sharing its weights through L2), else the transpose. Block: KS warps, each a
 // K-slice of the same 16·RT weight rows × 8·NT tokens. MINB: blocks an SM must hold (ptxas caps
 // registers at 65536 / (MINB · 32 · KS) a thread), so that the grid's blocks fit in whole waves.
-template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
+template <int RT, int NT, int KS, int U, int LD, bool KC, int MINB>
 __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
                                                                  int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
   static_assert(sizeof(float) * KS * 8 * NT * (16 * RT + 4) <= 48 * 1024, "partials exceed 48 KB of static shared memory");
@@ -298,254 +284,69 @@ __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, 
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xr[nt] = nt * 8 + g < mcount ? x + (m0 + nt * 8 + g) * ldx : nullptr;
   float acc[RT][NT][4];
-  bf16_warp<RT, NT, KS, U, PF, LD, KC>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
+  bf16_warp<RT, NT, KS, U, LD, KC>(static_cast<const uint16_t*>(w.w), w.rows, w.cols, row0, xr, acc, warp, lane);
   finish_tile<RT, NT, KS>(part, acc, row0, w.rows, mcount, ep, [&](int tok) { return y + (m0 + tok) * ldy; }, int(threadIdx.x));
 }
 
-#include "backend/cuda/mma_xs.cuh"  // mma_linear_xs_kernel, mma_linear_xw_kernel
-
-template <int RT, int NT, int KS, int U, bool PF, int LD, bool KC, int MINB>
+template <int RT, int NT, int KS, int U, int LD, bool KC, int MINB>
 void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   const unsigned gx = unsigned((w.rows + 16 * RT - 1) / (16 * RT)), gm = unsigned((M + 8 * NT - 1) / (8 * NT));
   const bool m_fast = gm > 1 && gx <= 65535u;
   const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
-  mma_linear_kernel<RT, NT, KS, U, PF, LD, KC, MINB><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+  mma_linear_kernel<RT, NT, KS, U, LD, KC, MINB><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
 }
 
-// A kernel configuration. The K split is a rule of the shape alone: KST warps a block for "tall"
-// matrices (≥ 4096 rows), KSS below; it fixes every row's reduction order, so everything else may
-// change with M without changing a bit: M ≤ 8 runs one 8-token tile with RT1 16-row tiles a warp
-// (tall; short matrices keep RT1 = 1: 1536 rows are only 96 tiles for 132 SMs), U1 k32 blocks a
-// load batch and OCC1 warps an SM asked of ptxas (tall only: short grids are < 1 wave anyway);
-// M > 8 runs 16 / 24 / 32-token tiles with RTW 16-row tiles a warp (tall; short: 1) and UW.
-// PF: software pipeline; LD: weight load flavour (load_w); KC: runs of U consecutive k32 blocks a
-// warp (bf16_warp; U1 == UW then, as U is part of the order).
-template <int KST_, int KSS_, int RT1_, int U1_, int OCC1_, int RTW_, int UW_, bool PF_, int LD_, bool KC_ = false>
-struct Config {
-  static constexpr int KST = KST_, KSS = KSS_, RT1 = RT1_, U1 = U1_, OCC1 = OCC1_, RTW = RTW_, UW = UW_, LD = LD_;
-  static constexpr bool PF = PF_, KC = KC_;
-  static_assert(!KC || U1 == UW, "with KC the load batch is part of the reduction order: U1 must equal UW");
-};
-
-template <class C, int KS, bool TALL>
+// Tile T of kMmaTiles (kernel_config.h) on a matrix of the given height class (TALL: ≥ 4096 rows,
+// KST warps split K; else KSS): M ≤ 8 one 8-token tile, then 16 / 24 / 32-token tiles.
+template <int T, bool TALL>
 void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
-  constexpr int RT1 = TALL ? C::RT1 : 1, RTW = TALL ? C::RTW : 1, MINB = TALL && C::OCC1 / KS > 1 ? C::OCC1 / KS : 1;
+  constexpr MmaTile C = kMmaTiles[T];
+  static_assert(!C.KC || C.U1 == C.UW, "with KC the load batch is part of the reduction order: U1 must equal UW");
+  constexpr int KS = TALL ? C.KST : C.KSS;
+  constexpr int RT1 = TALL ? C.RT1 : 1, RTW = TALL ? C.RTW : 1, MINB = TALL && C.OCC1 / KS > 1 ? C.OCC1 / KS : 1;
   if (M <= 8)
-    launch<RT1, 1, KS, C::U1, C::PF, C::LD, C::KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RT1, 1, KS, C.U1, C.LD, C.KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 16)
-    launch<RTW, 2, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 2, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 24)
-    launch<RTW, 3, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 3, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else
-    launch<RTW, 4, KS, C::UW, C::PF, C::LD, C::KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch<RTW, 4, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
 }
 
-template <class C>
+template <int T>
 void dispatch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   if (w.rows >= 4096)
-    dispatch_m<C, C::KST, true>(w, x, ldx, M, y, ldy, ep, s);
+    dispatch_m<T, true>(w, x, ldx, M, y, ldy, ep, s);
   else
-    dispatch_m<C, C::KSS, false>(w, x, ldx, M, y, ldy, ep, s);
-}
-
-// An xs configuration (M > 8 of tall matrices; see mma_linear_xs_kernel): RT 16-row tiles a warp,
-// RW groups of KS = 4 warps a block (K in runs of U = 2 k32 blocks, config 14's order), up to NTMAX
-// token tiles a pass (more tokens: further passes, neighbouring blocks, so they share the weights
-// through L2), MINB blocks an SM asked of ptxas. M ≤ 8 runs config 14's one-tile kernel and short
-// matrices config 8's kernels: the same bits, so each row stays invariant to M.
-// WST 0: mma_linear_xs_kernel (weights in registers, one stage ahead); ≥ 2: mma_linear_xw_kernel
-// (weights through a WST-stage shared-memory ring, WST − 1 stages in flight).
-template <int RT_, int RW_, int NTMAX_, int MINB_, int WST_ = 0>
-struct XsConfig {
-  static constexpr int RT = RT_, RW = RW_, NTMAX = NTMAX_, MINB = MINB_, WST = WST_, KS = 4, U = 2;
-};
-using TallKc = Config<4, 8, 2, 2, 16, 2, 2, true, 2, true>;  // config 14 "rt2-kcl2"
-using ShortKs8 = Config<8, 16, 1, 2, 16, 2, 1, true, 1>;      // config 8 "ks8"
-static_assert(TallKc::KST == 4 && TallKc::UW == 2 && TallKc::KC, "xs kernels reproduce config 14's reduction order");
-
-template <class X, int NT>
-constexpr auto xs_kernel_ptr() {
-  if constexpr (X::WST == 0)
-    return &mma_linear_xs_kernel<X::RT, NT, X::KS, X::RW, X::U, 2, X::MINB>;
-  else
-    return &mma_linear_xw_kernel<X::RT, NT, X::KS, X::RW, X::U, X::WST, X::MINB>;
-}
-
-template <class X, int NT>
-void launch_xs(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
-  constexpr size_t smem = X::WST == 0 ? xs_bytes<X::RT, NT, X::KS, X::RW, X::U>() : xw_bytes<X::RT, NT, X::KS, X::RW, X::U, X::WST>();
-  static_assert(smem <= 227 * 1024, "xs kernel: shared memory over the SM's 227 KB");
-  auto* kernel = xs_kernel_ptr<X, NT>();
-  // Every launch (the attribute is per device); not a stream operation, so graph capture is fine.
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "xs kernel shared memory");
-  const int64_t gy = (w.rows + 16 * X::RT * X::RW - 1) / (16 * X::RT * X::RW), gx = (M + 8 * NT - 1) / (8 * NT);
-  if (gy > 65535 || gx > 2147483647) fail("CUDA linear (MMA xs): ", w.rows, " rows × ", M, " tokens exceed the grid");
-  kernel<<<dim3(unsigned(gx), unsigned(gy)), X::KS * X::RW * 32, smem, s>>>(w, x, ldx, M, y, ldy, int(ep));
-}
-
-template <class X, int NT = 2>
-void launch_xs_nt(int nt, const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
-                  cudaStream_t s) {
-  if constexpr (NT <= X::NTMAX) {
-    if (nt <= NT) return launch_xs<X, NT>(w, x, ldx, M, y, ldy, ep, s);
-    launch_xs_nt<X, NT + 1>(nt, w, x, ldx, M, y, ldy, ep, s);
-  } else {
-    fail("CUDA linear (MMA xs): ", nt, " token tiles a pass, more than the configuration's ", X::NTMAX);
-  }
-}
-
-template <class X>
-void dispatch_xs(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
-  if (w.rows < 4096) return dispatch_m<ShortKs8, ShortKs8::KSS, false>(w, x, ldx, M, y, ldy, ep, s);
-  if (M <= 8) return dispatch_m<TallKc, TallKc::KST, true>(w, x, ldx, M, y, ldy, ep, s);
-  const int64_t tiles = (M + 7) / 8;
-  launch_xs_nt<X>(int(tiles < X::NTMAX ? tiles : X::NTMAX), w, x, ldx, M, y, ldy, ep, s);
+    dispatch_m<T, false>(w, x, ldx, M, y, ldy, ep, s);
 }
 
 using DispatchFn = void (*)(const DevMatrix&, const float*, int64_t, int64_t, float*, int64_t, Epilogue, cudaStream_t);
-struct ConfigEntry {
-  const char* name;
-  DispatchFn fn;
-};
-
-// The candidates (CudaMma.ConfigSweep times them all). "In flight" is weight bytes a warp has
-// requested and not yet consumed, for 16384x7168 at M = 1 (1024 16-row tiles, 132 SMs); an H200
-// SM needs roughly 32–64 KB in flight (≈ 4.8 TB/s × ~1 µs / 132) to stream at full bandwidth.
-// Registers (ptxas -v, M ≤ 8 kernel of a tall matrix) in brackets; none spills.
-//  0 base: the first version — KS 4/8, U 4, no pipeline: 4 KB a warp only while it waits, none
-//    while it splits x and runs MMAs [108] → 4 blocks an SM = 528 slots for 1024 blocks, 16 warps.
-//  1 pf: pipelined U 1 (1 KB always in flight, 1 KB being used), L1::no_allocate [60]
-//    → 8 blocks (32 warps) an SM: 1056 slots ≥ 1024 blocks, one wave; 32–64 KB/SM in flight.
-//  2 pf-u4: pipelined U 4 [128] → 4 blocks (16 warps): 528 slots = 2 whole waves; 64–128 KB.
-//  3 rt2: 32 rows a warp (each x split serves twice the weights), pipelined U 2 [124], 16 warps:
-//    512 blocks ≤ 528 slots, one wave; 16 × 4 KB = 64 KB.
-//  4 rt2-ks8: KS 8/16 (each warp half the K), 32 rows a warp, U 1 pipelined [94], 16 warps: 512 blocks
-//    of 8 warps / 264 slots ≈ 2 waves; 16 × 2–4 KB; short matrices get 16 warps an SM.
-//  5 rt4-ks8: 64 rows a warp, KS 8/16, U 1 pipelined [124], 16 warps: 256 blocks ≤ 264 slots; 16 × 4 KB.
-//  6 rt2-l2: 3 with the L2::256B prefetch hint (whole 256-B runs from HBM per 64-B request).
-//  7 pf-ldg: 1 with __ldg (isolates L1::no_allocate: x then competes with weights for L1).
-//  8 ks8: KS 8/16, 16 rows a warp, U 2 pipelined [87], 16 warps: 1024 blocks / 264 slots ≈ 4 waves;
-//    16 × 2–4 KB.
-//  9 u8: no pipeline but 8 k32 blocks a batch (8 KB a warp) [116], 16 warps: 128 KB/SM at issue, 2 waves.
-// 10 rt2-u4: 3 with U 4 pipelined (8 KB a warp) but 8 warps an SM [213]: 512 blocks
-//    / 264 slots ≈ 2 waves; 8 × 8 KB = 64 KB in fewer, longer streams.
-// 11 rt2-ks2: KS 2/8, 32 rows a warp, U 2 pipelined, 16 warps: 512 blocks of 2 warps, 1024 slots
-//    (half the SMs' warps busy at once, each streaming twice the K of 3).
-// 12 kc: 16 rows a warp, runs of 2 consecutive k32 blocks a warp (each load pair fills whole
-//    128-B lines of its 16 rows, as the CUDA-core GEMV's loads do), U 2 pipelined [86] → 5 blocks
-//    (20 warps) an SM: 660 slots for 1024 blocks (1.55 waves; compare with 8).
-// 13 rt2-kc: 3 with runs of 2 consecutive k32 blocks. 14 rt2-kcl2: 13 with the L2::256B hint.
-// 15 w-rt1: 1 for M ≤ 8; wide tiles with 16 rows a warp and U 1 (fewer registers than RTW 2's
-//    180–210, which leave 2 blocks = 8 warps an SM at M > 8 in every other config).
-// 16–19 xs*: config 14 for M ≤ 8 and config 8 for short matrices (so the same bits as those two);
-//    tall M > 8 runs mma_linear_xs_kernel: weights read once for up to 8 · NTMAX tokens, x split
-//    once a block into shared memory, not once per 16·RT rows (M = 17 used to re-run the
-//    per-warp split and an unprefetched L2 read of x for 3 tiles at 8 warps an SM).
-//    [registers, ptxas -v, NT = 2 … NTMAX]
-// 16 xs: RT 1, 4 groups (16 warps, 64 rows a block), NTMAX 8 (M ≤ 64 a pass) [112–128, ≤ 64 B
-//    spilled], 160 KB shared: 1 block an SM, 16 × 2 KB weights in flight.
-// 17 xs-n4: RT 1, 2 groups, NTMAX 4, 2 blocks an SM asked [116–128, ≤ 24 B spilled], 80 KB each.
-// 18 xs-rt2: RT 2, 2 groups (64 rows a block), NTMAX 4 [166–242]: 1 block of 8 warps, 4 KB each.
-// 19 xs-n8w2: RT 1, 2 groups, NTMAX 8 [124–255]: 1 block of 8 warps an SM at NT ≥ 4.
-// 16–19 hold only one stage (2–4 KB a warp, ≈ 32 KB an SM) of weights in flight: registers run
-// out first. 20–22 (mma_linear_xw_kernel) stream weights through a shared-memory ring instead:
-// 20 xsw3: as 16 with a 3-stage ring (2 × 32 KB in flight an SM) [110–128, ≤ 44 B spilled], 192 KB.
-// 21 xsw4-n4: RT 1, 4 groups, NTMAX 4, 4-stage ring (3 × 32 KB in flight) [112–128], 176 KB.
-// 22 xsw3-rt2: RT 2, 2 groups (8 warps, 64 rows), NTMAX 4, 3-stage ring (2 × 32 KB) [154–196], 144 KB.
-constexpr ConfigEntry kConfigs[] = {
-    {"base", &dispatch<Config<4, 8, 1, 4, 0, 2, 4, false, 0>>},
-    {"pf", &dispatch<Config<4, 8, 1, 1, 32, 2, 2, true, 1>>},
-    {"pf-u4", &dispatch<Config<4, 8, 1, 4, 16, 2, 2, true, 1>>},
-    {"rt2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 1>>},
-    {"rt2-ks8", &dispatch<Config<8, 16, 2, 1, 16, 2, 1, true, 1>>},
-    {"rt4-ks8", &dispatch<Config<8, 16, 4, 1, 16, 2, 1, true, 1>>},
-    {"rt2-l2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 2>>},
-    {"pf-ldg", &dispatch<Config<4, 8, 1, 1, 32, 2, 2, true, 0>>},
-    {"ks8", &dispatch<Config<8, 16, 1, 2, 16, 2, 1, true, 1>>},
-    {"u8", &dispatch<Config<4, 8, 1, 8, 16, 2, 4, false, 1>>},
-    {"rt2-u4", &dispatch<Config<4, 8, 2, 4, 8, 2, 2, true, 1>>},
-    {"rt2-ks2", &dispatch<Config<2, 8, 2, 2, 16, 2, 2, true, 1>>},
-    {"kc", &dispatch<Config<4, 8, 1, 2, 16, 2, 2, true, 1, true>>},
-    {"rt2-kc", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 1, true>>},
-    {"rt2-kcl2", &dispatch<Config<4, 8, 2, 2, 16, 2, 2, true, 2, true>>},
-    {"w-rt1", &dispatch<Config<4, 8, 1, 1, 32, 1, 1, true, 1>>},
-    {"xs", &dispatch_xs<XsConfig<1, 4, 8, 1>>},
-    {"xs-n4", &dispatch_xs<XsConfig<1, 2, 4, 2>>},
-    {"xs-rt2", &dispatch_xs<XsConfig<2, 2, 4, 1>>},
-    {"xs-n8w2", &dispatch_xs<XsConfig<1, 2, 8, 1>>},
-    {"xsw3", &dispatch_xs<XsConfig<1, 4, 8, 1, 3>>},
-    {"xsw4-n4", &dispatch_xs<XsConfig<1, 4, 4, 1, 4>>},
-    {"xsw3-rt2", &dispatch_xs<XsConfig<2, 2, 4, 1, 3>>},
-};
-constexpr int kConfigCount = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
-
-// The production configuration, by the matrix's shape alone (so a matrix's rows stay invariant to
-// M): the sweep's winners (CudaMma.ConfigSweep on the H200, docs/perf.md) — "rt2-kcl2" for
-// matrices of ≥ 6144 rows (lm_head, o_proj, dense, shared expert down, q_b: within 3–25 % of the
-// CUDA-core GEMV at M = 1, 1.2–2.9× faster at M = 17), "ks8" below (q_a, and the shared expert's
-// 4096-row gate+up: rt2-kcl2's 32-row blocks are only 128 there, fewer than the SMs, and ks8 ran it
-// in 26 vs 37 µs at M = 1 and 44 vs 53 µs at M = 17). KDTREE_CUDA_MMA_CONFIG (read once) or
-// set_mma_config forces one configuration for every shape — sweeps and benchmarks.
-constexpr int kTallConfig = 14, kShortConfig = 8;
-constexpr int64_t kTallRows = 6144;
-std::atomic<int> g_mma_config{-2};  // -2: the environment; -1: by shape; else forced
-
-
-// A switch from the environment, read once: unset, "" or "0" → off, "1" → on; anything else is an error.
-
-std::atomic<int> g_mma_override{-1};  // -1: follow the environment
+constexpr DispatchFn kDispatch[] = {&dispatch<0>, &dispatch<1>};
+static_assert(int(sizeof(kDispatch) / sizeof(kDispatch[0])) == kMmaTileCount, "kDispatch lists every kMmaTiles entry");
 
 }  // namespace
 
-void set_mma(bool on) { g_mma_override.store(on ? 1 : 0); }
-
-bool mma_enabled() {
-  const int o = g_mma_override.load();
-  if (o >= 0) return o == 1;
-  static const int from_env = env_switch("KDTREE_CUDA_MMA", 1);  // on unless KDTREE_CUDA_MMA=0
-  return from_env == 1;
-}
-
-int64_t mma_min_rows() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("KDTREE_CUDA_MMA_MIN_ROWS");
-    if (e == nullptr || *e == '\0') return kMmaMinRows;
-    char* end = nullptr;
-    const long long n = std::strtoll(e, &end, 10);
-    if (*end != '\0' || n < 0) fail("KDTREE_CUDA_MMA_MIN_ROWS must be a row count ≥ 0, not '", std::string(e), "'");
-    return int64_t(n);
-  }();
+int64_t default_mma_min_rows() {
+  static const int64_t v = env_count("KDTREE_CUDA_MMA_MIN_ROWS", kMmaMinRows);
   return v;
 }
 
-bool mma_eligible(const DevMatrix& w) { return !w.int4 && w.rows >= mma_min_rows() && w.cols % 8 == 0; }
+bool mma_eligible(const DevMatrix& w, const LinearConfig& cfg) { return !w.int4 && w.rows >= cfg.mma_min_rows && w.cols % 8 == 0; }
 
 bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
-                cudaStream_t s) {
-  if (!mma_enabled() || !mma_eligible(w)) return false;
+                cudaStream_t s, const LinearConfig& cfg) {
+  if (!mma_eligible(w, cfg)) return false;
+  if (cfg.mma_tile < -1 || cfg.mma_tile >= kMmaTileCount)
+    fail("CUDA linear (MMA): tile ", cfg.mma_tile, " does not exist (−1: by shape, 0 … ", kMmaTileCount - 1, ")");
   if (M <= 0) return true;
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
-  const int forced = mma_config();
-  kConfigs[forced >= 0 ? forced : (w.rows >= kTallRows ? kTallConfig : kShortConfig)].fn(w, x, ldx, M, y, ldy, ep, s);
+  const int tile = cfg.mma_tile >= 0 ? cfg.mma_tile : w.rows >= kMmaTallRows ? kMmaTallTile : kMmaShortTile;
+  kDispatch[tile](w, x, ldx, M, y, ldy, ep, s);
   check_launch("linear (MMA)");
   return true;
-}
-
-int mma_config_count() { return kConfigCount; }
-const char* mma_config_name(int c) {
-  if (c < 0 || c >= kConfigCount) fail("MMA config ", c, " out of range [0, ", kConfigCount, ")");
-  return kConfigs[c].name;
-}
-int mma_config() {
-  const int c = g_mma_config.load();
-  if (c >= -1) return c;
-  static const int from_env = env_index("KDTREE_CUDA_MMA_CONFIG", kConfigCount);
-  return from_env;
-}
-void set_mma_config(int c) {
-  if (c < -1 || c >= kConfigCount) fail("MMA config ", c, " out of range [-1 (by shape), ", kConfigCount, ")");
-  g_mma_config.store(c);
 }
 
 // ---- Ceiling probe: the rate of this file's tensor-core instruction --------------------------------

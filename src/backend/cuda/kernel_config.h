@@ -1,0 +1,91 @@
+// Kernel choices of the CUDA backend, one place for every family: the tile tables the kernels are
+// instantiated from (the H200 sweeps' survivors — the retired configurations and their last measured
+// numbers are in docs/perf.md, "Retired kernels (issue 13)") and the per-call choice structs that
+// travel in the launchers' parameters (LinearConfig; ExpertBatch::path / imma_tile and
+// MlaParams::heads_per_block in kernels.h). Nothing here is mutable: a sweep or a test picks a
+// configuration per call, production leaves the defaults, which are the measured choice.
+//
+// Every configuration of one family writes the same bits for the shapes it is chosen by (the bf16
+// MMA tiles: the same bits for a given matrix, as the choice is a rule of the matrix's shape alone;
+// the IMMA tiles: the same bits everywhere, exact integer products) — so the choice never breaks
+// the row invariance DDTree needs (DESIGN.md §2).
+#pragma once
+#include <cstdint>
+#include <limits>
+
+namespace kd::cuda {
+
+// ---- bf16 tensor-core linear (mma.cu) ------------------------------------------------------------
+// A tile configuration of mma_linear_kernel. The K split is a rule of the shape alone: KST warps a
+// block for "tall" matrices (≥ 4096 rows), KSS below; it fixes every row's reduction order, so the
+// rest may change with M without changing a bit: M ≤ 8 runs one 8-token tile with RT1 16-row tiles a
+// warp (tall; short matrices keep 1), U1 k32 blocks a load batch and OCC1 warps an SM asked of ptxas
+// (tall only); M > 8 runs 16 / 24 / 32-token tiles with RTW 16-row tiles a warp (tall; short: 1) and
+// UW. LD: weight load flavour (1: ld.global.nc L1::no_allocate; 2: the same plus the L2::256B
+// prefetch hint). KC: runs of U consecutive k32 blocks a warp (U1 == UW then: U is part of the order).
+// Every load batch is software-pipelined (the next batch's loads in flight during this one's MMAs).
+struct MmaTile {
+  const char* name;
+  int KST, KSS, RT1, U1, OCC1, RTW, UW, LD;
+  bool KC;
+};
+// The sweep's winners (CudaMma.ConfigSweep on the H200, docs/perf.md): "rt2-kcl2" for matrices of
+// ≥ kMmaTallRows rows (lm_head, o_proj, dense, shared expert down, q_b: within 3–25 % of the CUDA-core
+// GEMV at M = 1, 1.2–2.9× faster at M = 17), "ks8" below (q_a, the shared expert's 4096-row gate+up:
+// rt2-kcl2's 32-row blocks are only 128 there, fewer than the SMs; 26 vs 37 µs at M = 1).
+inline constexpr MmaTile kMmaTiles[] = {
+    // name        KST KSS RT1 U1 OCC1 RTW UW LD KC
+    {"ks8",          8, 16,  1, 2,  16,  2, 1, 1, false},  // 0: 16 rows a warp, K over 8/16 warps
+    {"rt2-kcl2",     4,  8,  2, 2,  16,  2, 2, 2, true},   // 1: 32 rows a warp, k32 runs of 2, L2::256B
+};
+inline constexpr int kMmaTileCount = int(sizeof(kMmaTiles) / sizeof(kMmaTiles[0]));
+inline constexpr int kMmaShortTile = 0, kMmaTallTile = 1;
+inline constexpr int64_t kMmaTallRows = 6144;
+// bf16 matrices narrower than this stay on the CUDA-core GEMV (linear.cu): as 16-row tiles they leave
+// most SMs idle (kv_a's 576 rows, the router's 384).
+inline constexpr int64_t kMmaMinRows = 1024;
+inline constexpr int64_t kNoMma = std::numeric_limits<int64_t>::max();  // LinearConfig::mma_min_rows: never
+
+// LinearConfig::mma_min_rows's default: kMmaMinRows, or KDTREE_CUDA_MMA_MIN_ROWS (read once, the one
+// environment override of a kernel choice: 0 sends every bf16 matrix of a whole forward through the
+// MMA path, so end-to-end tests on small models exercise it; a huge value keeps them all on CUDA cores).
+int64_t default_mma_min_rows();
+
+// How cuda::linear runs one call. The defaults are production's.
+struct LinearConfig {
+  int64_t mma_min_rows = default_mma_min_rows();  // bf16 matrices of ≥ this many rows take the MMA path
+  int mma_tile = -1;  // −1: by the matrix's shape (kMmaTallRows); else a kMmaTiles index for every shape
+};
+
+// ---- INT4 routed experts on the integer tensor cores (expert_imma.cu) ------------------------------
+// Tile shapes of expert_imma_kernel: W warps × RT 16-row tiles a block, ST cp.async stages, MP token
+// pairs a pass (each unpacked weight fragment serves MP MMAs). Shared memory a block =
+// ST × (W·RT·16 rows × 592 B + MP · 8.4 KB). All write the same bits.
+struct ImmaTile {
+  const char* name;  // the sweep's label, as docs/perf.md names it
+  int W, RT, ST, MP;
+};
+// The rule (H200 sweep at f577f02, docs/perf.md): i2 (4 blocks × 2 warps an SM: faster than 2 × 4 and
+// 1 × 8 at every batch), i7 (4 tokens a pass) once the forward has ≥ kImmaWideGateUpRows rows (gate/up,
+// rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound.
+inline constexpr ImmaTile kImmaTiles[] = {
+    {"i2", 2, 1, 2, 1},  // 0: 32 rows, 55 KB → 4 blocks an SM
+    {"i7", 4, 1, 2, 2},  // 1: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
+};
+inline constexpr int kImmaTileCount = int(sizeof(kImmaTiles) / sizeof(kImmaTiles[0]));
+inline constexpr int kImmaNarrowTile = 0, kImmaWideTile = 1;
+inline constexpr int64_t kImmaWideGateUpRows = 128, kImmaWideDownRows = 256;
+
+// Which kernel family cuda::expert_linear runs for INT4 experts (ExpertBatch::path).
+enum class ExpertPath : int {
+  imma = 0,   // the integer tensor cores (expert_imma.cu): production
+  cores = 1,  // the CUDA-core register kernel (linear.cu): kept as the independent second implementation
+              // — it is the bf16 experts' kernel instantiated for INT4 (shared code with the dense INT4
+              // GEMV), needs no digit scratch, and is what the IMMA tests compare bits and time against
+};
+
+// ---- MLA attention (attention.cu) ------------------------------------------------------------------
+// MlaParams::heads_per_block: 0 picks by the batch (as many heads a core block as keep ≥ 256 blocks and
+// fit shared memory); 1, 2 or 4 forces it. Speed only: a head's bits never depend on it.
+
+}  // namespace kd::cuda
