@@ -17,7 +17,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #ifdef KDTREE_HAVE_CUDA
-#include "backend/cuda/cuda_engine_target.h"
 #include "model/deepseek_v3_cuda.h"
 #include "cli/bench_cuda.h"
 #include "engine/engine.h"
@@ -90,7 +89,6 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
   std::unique_ptr<CudaTarget> t = std::move(bt.target);
   const std::string label = bt.label;
   const ModelConfig& c = t->config();
-  std::unique_ptr<EngineTarget> et = cuda_engine_target(*t);
   uint64_t salt = 1;
   auto prompt = [&] {
     std::vector<int32_t> p(static_cast<size_t>(o.n_prompt));
@@ -112,7 +110,7 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
     eo.kv_tokens = C * ctx;
     eo.prefix_cache = false;
     eo.max_queue = 1 << 20;
-    Engine eng(*et, eo);
+    Engine eng(*t, eo);
     // Warm-up: one request (first-use costs: attention's smem opt-in, buffer growth).
     run_level(eng, {prompt()}, 2);
     const int64_t R = std::max<int64_t>(8, 2 * C);
@@ -150,7 +148,7 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
     eo.n_parallel = 1;
     eo.context = ctx;
     eo.kv_tokens = 4 * ctx;
-    Engine eng(*et, eo);
+    Engine eng(*t, eo);
     run_level(eng, {prompt()}, 2);
     for (int64_t r = 0; r < o.repetitions; ++r) {
       const std::vector<int32_t> p = prompt();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/device.h"
+#include "kv/paged_kv.h"
 #include "cli/int_flag.h"
 #include "cli/quality_commands.h"
 #include "core/error.h"
@@ -17,9 +18,6 @@
 #include "model/deepseek_v3.h"
 #include "model/perplexity.h"
 #include "tokenizer/tokenizer.h"
-#ifdef KDTREE_HAVE_CUDA
-#include "model/deepseek_v3_cuda.h"
-#endif
 
 namespace kd::cli {
 
@@ -72,7 +70,7 @@ nlohmann::ordered_json percentiles_json(const Percentiles& p) {
 }  // namespace
 
 int cmd_ppl(const PplCliOptions& o) {
-  [[maybe_unused]] const bool cuda = use_cuda(o.device);  // read only where the CUDA backend is built
+  use_cuda(o.device);  // a bad --device fails before the text is read
   if (o.ctx < 4) fail("--ctx ", o.ctx, ": the context must be at least 4 tokens");
   if (!o.save_logits.empty() && !o.kl_base.empty() && o.save_logits == o.kl_base)
     fail("--save-logits and --kl-divergence name the same file");
@@ -83,9 +81,9 @@ int cmd_ppl(const PplCliOptions& o) {
   const std::unique_ptr<Tokenizer> tok = load_tokenizer(o.model);
   const std::string text = read_text_file(o.file, size_t(1) << 30);
   if (text.empty()) fail(o.file, ": the file is empty");
-  Checkpoint ckpt(o.model);
-  DeepseekV3 model(ckpt);
-  const ModelConfig& cfg = model.config();
+  const LoadedTarget lt(o.device, o.model);
+  const Target& target = lt.target();
+  const ModelConfig& cfg = lt.config();
   if (o.ctx > cfg.max_position_embeddings)
     fail("--ctx ", o.ctx, " is more than the model's max_position_embeddings = ", cfg.max_position_embeddings);
 
@@ -109,25 +107,21 @@ int cmd_ppl(const PplCliOptions& o) {
   po.max_windows = o.chunks;
   const int64_t vocab = cfg.vocab_size;
 
-  PplForward forward;
-#ifdef KDTREE_HAVE_CUDA
-  std::unique_ptr<CudaTarget> gpu;
-  if (cuda) {
-    gpu = std::make_unique<CudaTarget>(model, o.ctx);
-    log_info("CUDA target on ", cuda_device_name());
-    forward = [&](const int32_t* ids, int64_t n, float* logits) {
-      gpu->reset();
-      ForwardArgs a;
-      a.ids = ids, a.n = n, a.all_logits = true, a.logits = logits;
-      gpu->forward(a);
-    };
-  }
-#endif
-  if (!forward)
-    forward = [&](const int32_t* ids, int64_t n, float* logits) {
-      LatentCache cache = model.new_cache(n);
-      model.forward(cache, ids, n, AttnForm::expanded, /*all_logits=*/true, logits);  // the prefill form, as run uses
-    };
+  // Each window: a fresh sequence over one KV block of --ctx rows, in the target's prefill form
+  // (the CPU: expanded, as `run` prefills).
+  target.init_kv(1, o.ctx);
+  KvPool pool(cfg.num_hidden_layers, cfg.latent_dim(), o.ctx, 1, target.host_kv());
+  const std::vector<int32_t> table = {pool.allocate()};
+  const PplForward forward = [&](const int32_t* ids, int64_t n, float* logits) {
+    std::vector<SeqForward> one(1);
+    one[0].kv = pool.view(table);
+    one[0].args.ids = ids;
+    one[0].args.n = n;
+    one[0].args.form = target.prefill_form();
+    one[0].args.all_logits = true;
+    one[0].args.logits = logits;
+    target.forward_batch(one);
+  };
   const double load_ms = (now_s() - t0) * 1e3;
   log_info("ppl: ", tokens.size(), " tokens, --ctx ", o.ctx, o.stride ? cat(" --stride ", o.stride) : std::string(),
            ", BOS ", po.bos ? "on" : "off", ", ", o.device);

@@ -14,18 +14,11 @@
 #include "io/checkpoint.h"
 #include "core/untrusted.h"
 #include "io/safetensors.h"
+#include "engine/generate.h"
 #include "model/dflash.h"
-#include "model/deepseek_v3.h"
-#include "decode/ar.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
-#include "decode/ddtree.h"
-#include "decode/dflash_drafter.h"
 #include "decode/synthetic_drafter.h"
-#ifdef KDTREE_HAVE_CUDA
-#include "model/dflash_cuda.h"
-#include "backend/cuda/cuda_generate.h"
-#endif
 
 namespace kd::cli {
 
@@ -186,39 +179,23 @@ int cmd_run(const RunOptions& o) {
   g.context = o.ctx_size;
 
   const double t0 = now_s();
-  Checkpoint ckpt(o.model);
-  DeepseekV3 model(ckpt);
-  g.stop_ids = model.config().eos_token_ids;
+  const LoadedTarget lt(o.device, o.model);
+  const Target& target = lt.target();
+  const ModelConfig& cfg = lt.config();
+  g.stop_ids = cfg.eos_token_ids;
   g.stop_ids.insert(g.stop_ids.end(), chat_stops.begin(), chat_stops.end());
-  if (tok && tok->vocab_size() > model.config().vocab_size)
-    fail(o.model, ": the tokenizer has ", tok->vocab_size(), " ids but the model's vocabulary holds ", model.config().vocab_size);
+  if (tok && tok->vocab_size() > cfg.vocab_size)
+    fail(o.model, ": the tokenizer has ", tok->vocab_size(), " ids but the model's vocabulary holds ", cfg.vocab_size);
   std::unique_ptr<Drafter> drafter;
   const std::string kSynthetic = "synthetic:";
   if (spec && o.draft.rfind(kSynthetic, 0) != 0) {
-    const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
-    drafter = std::make_unique<DFlashAdapter>(o.draft, model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1));
+    // DFlash: on the GPU beside a GPU target, fed from its taps on the device.
+    const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : cfg.max_position_embeddings;
+    drafter = lt.dflash_drafters(o.draft, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1)).first;
   }
-#ifdef KDTREE_HAVE_CUDA
-  // The GPU target: weights uploaded once; its cache holds the prompt, the generation and one tree.
-  std::unique_ptr<CudaTarget> gpu;
-  if (cuda) {
-    const int64_t tree = spec ? (o.spec == "ddtree" && o.budget > 0 ? o.budget : (drafter ? drafter->block_size() : synthetic_block)) : 0;
-    const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : model.config().max_position_embeddings;
-    gpu = std::make_unique<CudaTarget>(model, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + tree + 2));
-    log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
-    // A DFlash drafter drafts on the GPU too, fed from the target's taps on the device (the CPU
-    // adapter above validated the directory and gave the block size).
-    if (drafter)
-      drafter = std::make_unique<CudaDFlash>(o.draft, *gpu, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1));
-  }
-  auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) {
-    return gpu ? generate_ar_cuda(*gpu, prompt, go, cb) : generate_ar(model, prompt, go, cb);
-  };
-#else
-  auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) { return generate_ar(model, prompt, go, cb); };
-#endif
+  auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) { return generate_ar(target, prompt, go, cb); };
   const double load_ms = (now_s() - t0) * 1e3;
-  log_info("loaded ", o.model, " (", model.config().model_type, ", ", model.config().num_hidden_layers, " layers) in ",
+  log_info("loaded ", o.model, " (", cfg.model_type, ", ", cfg.num_hidden_layers, " layers) in ",
            load_ms, " ms");
 
   if (spec && !drafter) {
@@ -231,7 +208,7 @@ int cmd_run(const RunOptions& o) {
     GenerateResult ar = run_ar(ga, {});
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
-    drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, synthetic_block, model.config().vocab_size, o.seed);
+    drafter = std::make_unique<SyntheticDrafter>(std::move(truth), profile, synthetic_block, cfg.vocab_size, o.seed);
   }
 
   // Streaming: text through a StreamDecoder (partial UTF-8 held back) when there is a tokenizer,
@@ -255,12 +232,7 @@ int cmd_run(const RunOptions& o) {
     SpecOptions so;
     so.chain = o.spec == "dflash";
     so.budget = o.budget > 0 ? o.budget : drafter->block_size() - 1;
-#ifdef KDTREE_HAVE_CUDA
-    SpecResult sr = gpu ? generate_ddtree_cuda(*gpu, *drafter, prompt, g, so, on_token)
-                        : generate_ddtree(model, *drafter, prompt, g, so, on_token);
-#else
-    SpecResult sr = generate_ddtree(model, *drafter, prompt, g, so, on_token);
-#endif
+    SpecResult sr = generate_ddtree(target, *drafter, prompt, g, so, on_token);
     r = std::move(sr.gen);
     st = std::move(sr.stats);
   } else {
@@ -277,7 +249,7 @@ int cmd_run(const RunOptions& o) {
   if (!o.dump_logits.empty()) {
     SafetensorsWriter w;
     const int64_t steps = int64_t(r.output_ids.size());
-    w.add_bytes("logits", DType::F32, {steps, model.config().vocab_size}, r.logits.data());
+    w.add_bytes("logits", DType::F32, {steps, cfg.vocab_size}, r.logits.data());
     w.add_bytes("output_ids", DType::I32, {steps}, r.output_ids.data());
     w.set_metadata("producer", "kdtree run --dump-logits");
     w.write(o.dump_logits);

@@ -16,16 +16,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
-#include "io/checkpoint.h"
-#include "model/deepseek_v3.h"
 #include "server/http_server.h"
-#include "decode/dflash_drafter.h"
 #include "decode/tree.h"
 #include "tokenizer/tokenizer.h"
-#ifdef KDTREE_HAVE_CUDA
-#include "model/dflash_cuda.h"
-#include "backend/cuda/cuda_engine_target.h"
-#endif
 
 namespace kd::cli {
 
@@ -161,12 +154,7 @@ int cmd_serve(const ServeOptions& o) {
   std::atomic<int> load_state{0};  // 0 loading, 1 ready, 2 failed
   std::string load_error;
   std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<DeepseekV3> model;
-#ifdef KDTREE_HAVE_CUDA
-  std::unique_ptr<CudaTarget> gpu;
-#endif
-  std::unique_ptr<EngineTarget> target;
+  std::unique_ptr<LoadedTarget> lt;
   std::unique_ptr<Engine> engine;
   // KDTREE_SERVE_LOAD_DELAY_MS: a testing aid that holds the server in its loading state for that long
   // (tests/server check what it answers meanwhile and that a signal then stops it at once).
@@ -181,9 +169,9 @@ int cmd_serve(const ServeOptions& o) {
         if (abandon_load) fail("stopped while loading");
       }
       tok = load_tokenizer(o.model);
-      ckpt = std::make_unique<Checkpoint>(o.model);
-      model = std::make_unique<DeepseekV3>(*ckpt);
-      const ModelConfig& cfg = model->config();
+      lt = std::make_unique<LoadedTarget>(o.device, o.model);
+      const Target& target = lt->target();
+      const ModelConfig& cfg = lt->config();
       if (tok->vocab_size() > cfg.vocab_size)
         fail(o.model, ": the tokenizer has ", tok->vocab_size(), " ids but the model's vocabulary holds ", cfg.vocab_size);
       EngineOptions eo;
@@ -194,30 +182,12 @@ int cmd_serve(const ServeOptions& o) {
       eo.prefill_chunk = o.prefill_chunk;
       eo.max_queue = o.max_queue;
       eo.prefix_cache = !o.no_prefix_cache;
-#ifdef KDTREE_HAVE_CUDA
-      if (cuda) {
-        // A one-row cache to start with: the engine replaces it by its paged pool.
-        gpu = std::make_unique<CudaTarget>(*model, 1);
-        log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
-        target = cuda_engine_target(*gpu);
-      }
-#endif
-      if (!target) target = cpu_engine_target(*model);
       if (!o.draft.empty()) {
-        const DeepseekV3* md = model.get();
-        const std::string dir = o.draft;
-        const int64_t ctx = std::min(eo.context, target->max_context());
-        auto probe = std::make_unique<DFlashAdapter>(dir, *md, ctx);  // fail now, not on the first request
+        // One drafter per running sequence; on the GPU beside a GPU target (its context K/V there).
+        LoadedTarget::Drafters d = lt->dflash_drafters(o.draft, std::min(eo.context, target.max_context()));
+        eo.make_drafter = std::move(d.make);
         eo.spec.chain = o.spec == "dflash";
-        eo.spec.budget = o.budget > 0 ? o.budget : probe->block_size() - 1;
-        eo.make_drafter = [dir, md, ctx] { return std::make_unique<DFlashAdapter>(dir, *md, ctx); };
-#ifdef KDTREE_HAVE_CUDA
-        // On the GPU each sequence's drafter drafts there too (its context K/V on the device).
-        if (gpu) {
-          CudaTarget* g = gpu.get();
-          eo.make_drafter = [dir, g, ctx] { return std::make_unique<CudaDFlash>(dir, *g, ctx); };
-        }
-#endif
+        eo.spec.budget = o.budget > 0 ? o.budget : d.first->block_size() - 1;
       }
       ServedModel sm;
       sm.name = o.alias.empty() ? std::filesystem::path(o.model).lexically_normal().filename().string() : o.alias;
@@ -225,12 +195,12 @@ int cmd_serve(const ServeOptions& o) {
       sm.tokenizer = tok.get();
       sm.chat_template = tok->kind() == "tiktoken" ? ChatTemplateKind::kimi : ChatTemplateKind::deepseek_v3;
       sm.vocab_size = int32_t(cfg.vocab_size);
-      engine = std::make_unique<Engine>(*target, eo);
+      engine = std::make_unique<Engine>(target, eo);
       sm.context = engine->context();
       sm.eos_ids = cfg.eos_token_ids;
       sm.defaults = load_generation_defaults(o.model);
       server.set_ready(std::move(sm), *engine);
-      log_info("model '", o.model, "' ready on ", target->device(), " in ", (now_s() - t0) * 1e3, " ms (",
+      log_info("model '", o.model, "' ready on ", target.device(), " in ", (now_s() - t0) * 1e3, " ms (",
                cfg.num_hidden_layers, " layers, context ", engine->context(), ", parallel ", eo.n_parallel, ", KV pool ",
                engine->kv_tokens(), " tokens", o.draft.empty() ? "" : ", DDTree drafter " + o.draft, ")");
       load_state = 1;
@@ -276,7 +246,7 @@ int cmd_serve(const ServeOptions& o) {
   }
   http.join();
   engine.reset();  // after the server: no handler touches it any more
-  target.reset();
+  lt.reset();
   return rc;
 }
 

@@ -1,8 +1,11 @@
 #include "cli/device.h"
 
 #include "core/error.h"
+#include "core/log.h"
+#include "decode/dflash_drafter.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "model/deepseek_v3_cuda.h"
+#include "model/dflash_cuda.h"
 #endif
 
 namespace kd::cli {
@@ -16,6 +19,42 @@ bool use_cuda(const std::string& device) {
   if (cuda && !cuda_device_available()) fail("--device cuda: ", cuda_device_name());
 #endif
   return cuda;
+}
+
+LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpoint_dir) {
+  [[maybe_unused]] const bool cuda = use_cuda(device);
+  ckpt_ = std::make_unique<Checkpoint>(checkpoint_dir);
+  model_ = std::make_unique<DeepseekV3>(*ckpt_);
+#ifdef KDTREE_HAVE_CUDA
+  if (cuda) {
+    // A one-row KV to start with: the engine lends its pool's blocks (Target::init_kv).
+    auto gpu = std::make_unique<CudaTarget>(*model_, 1);
+    log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
+    gpu_ = std::move(gpu);
+  }
+#endif
+}
+
+LoadedTarget::~LoadedTarget() = default;
+
+const Target& LoadedTarget::target() const { return gpu_ ? *gpu_ : static_cast<const Target&>(*model_); }
+
+LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int64_t max_tokens) const {
+  std::function<std::unique_ptr<Drafter>()> make;
+#ifdef KDTREE_HAVE_CUDA
+  if (gpu_) {
+    CudaTarget* g = static_cast<CudaTarget*>(gpu_.get());
+    make = [dir, g, max_tokens] { return std::make_unique<CudaDFlash>(dir, *g, max_tokens); };
+  }
+#endif
+  if (!make) {
+    const DeepseekV3* m = model_.get();
+    make = [dir, m, max_tokens] { return std::make_unique<DFlashAdapter>(dir, *m, max_tokens); };
+  }
+  Drafters d;
+  d.first = make();  // validates the directory now, not on the first request
+  d.make = std::move(make);
+  return d;
 }
 
 }  // namespace kd::cli

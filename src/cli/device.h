@@ -1,11 +1,47 @@
-// `--device cpu|cuda`, checked the same way by every command that takes it.
+// `--device cpu|cuda` and the target model behind it, made the same way by every command that
+// takes it (run, serve, ppl, bench's engine load test): the one place that knows which Target
+// implementation a device means.
 #pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+
+#include "io/checkpoint.h"
+#include "model/deepseek_v3.h"
+#include "model/drafter.h"
+#include "model/target.h"
 
 namespace kd::cli {
 
 // True for cuda, false for cpu; a clear error for anything else, for cuda in a build without the
 // CUDA backend, and for cuda on a machine without a usable GPU (the message says why).
 bool use_cuda(const std::string& device);
+
+// A checkpoint read once: the CPU model (views into the mmap), and on cuda the GPU target uploaded
+// from it. target() is the one the commands run; model() stays for what reads host weights (the
+// CPU drafter's shared embedding and lm_head).
+class LoadedTarget {
+ public:
+  LoadedTarget(const std::string& device, const std::string& checkpoint_dir);
+  ~LoadedTarget();
+  const Target& target() const;
+  const DeepseekV3& model() const { return *model_; }
+  const ModelConfig& config() const { return model_->config(); }
+  bool cuda() const { return gpu_ != nullptr; }
+  // Fresh drafters of the DFlash directory `dir` for this target, each holding up to max_tokens of
+  // context: on the GPU beside a GPU target (fed from its taps on the device), else on the CPU.
+  // The directory is validated here (the first drafter, handed back as `first`).
+  struct Drafters {
+    std::function<std::unique_ptr<Drafter>()> make;
+    std::unique_ptr<Drafter> first;
+  };
+  Drafters dflash_drafters(const std::string& dir, int64_t max_tokens) const;
+
+ private:
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<DeepseekV3> model_;
+  std::unique_ptr<Target> gpu_;
+};
 
 }  // namespace kd::cli

@@ -1,11 +1,10 @@
-// The pieces of one DDTree round shared by generate_ddtree (one sequence) and the serving engine
-// (many sequences in one verify forward): drafting the tree after a bonus token, and the accept
-// walk over the target's verify logits.
+// The pieces of one DDTree round (the engine's step runs them for every sequence in one verify
+// forward): drafting the tree after a bonus token, and the accept walk over the target's choices.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "decode/ddtree.h"
+#include "decode/generate.h"
 #include "model/drafter.h"
 #include "decode/tree.h"
 
@@ -28,19 +27,18 @@ DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L
 // The round for a built tree: node 0 set to the bonus, positions start + depth, visibility.
 DraftRound make_round(DraftTree tree, int32_t bonus, int64_t start);
 
-// The accept walk: from the root, the target's own choice at each node (choose(logits, position))
-// is emitted (emit(token, logits) → false stops generation); while it matches a child the walk
-// descends. Returns the path of accepted nodes, root first (τ = its size). *next_bonus is the last
-// emitted token when the walk left the tree (the next round's bonus); untouched when emit stopped.
+// The accept walk: from the root, the target's own choice at each node (choose(node, position) →
+// token, from that node's logits row or its device argmax) is emitted (emit(token, node) → false
+// stops generation); while it matches a child the walk descends. Returns the path of accepted
+// nodes, root first (τ = its size). *next_bonus is the last emitted token when the walk left the
+// tree (the next round's bonus); untouched when emit stopped.
 template <class Choose, class Emit>
-std::vector<int32_t> accept_walk(const DraftTree& tree, const float* vlogits, int64_t vocab, int64_t start,
-                                 Choose&& choose, Emit&& emit, int32_t* next_bonus) {
+std::vector<int32_t> accept_walk(const DraftTree& tree, int64_t start, Choose&& choose, Emit&& emit, int32_t* next_bonus) {
   std::vector<int32_t> path = {0};
   int32_t cur = 0;
   for (;;) {
-    const float* lg = vlogits + size_t(cur) * size_t(vocab);
-    const int32_t tok = choose(lg, start + tree.depths[size_t(cur)] + 1);
-    if (!emit(tok, lg)) break;
+    const int32_t tok = choose(cur, start + tree.depths[size_t(cur)] + 1);
+    if (!emit(tok, cur)) break;
     const int32_t child = tree.child_with_token(cur, tok);
     if (child < 0) {
       *next_bonus = tok;

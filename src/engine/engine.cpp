@@ -52,8 +52,7 @@ TokenLogprob logprob_of(const float* lg, int64_t V, float temperature, int32_t t
 }  // namespace
 
 struct Engine::Impl {
-  std::unique_ptr<EngineTarget> owned;  // the CPU model's adapter when built from a DeepseekV3
-  EngineTarget& target;
+  const Target& target;
   EngineOptions opt;
   int64_t ctx = 0, V = 0;
   int64_t draft_block = 0, draft_taps = 0;  // from a probe drafter; 0 without speculative decoding
@@ -71,7 +70,7 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<EngineSeq>> running;  // engine thread only
   std::thread thread;
 
-  Impl(std::unique_ptr<EngineTarget> own, EngineTarget& t, EngineOptions o);
+  Impl(const Target& t, EngineOptions o);
   int64_t blocks_for(const EngineSeq& s) const;
   bool try_reserve(EngineSeq& s);
   void admit();
@@ -91,7 +90,7 @@ struct Engine::Impl {
 namespace {
 
 // Blocks of the pool: opt.kv_tokens, or n_parallel × context, within what the target can hold.
-int64_t pool_blocks(const EngineTarget& t, const EngineOptions& opt, int64_t ctx) {
+int64_t pool_blocks(const Target& t, const EngineOptions& opt, int64_t ctx) {
   const int64_t kb = std::max<int64_t>(1, opt.kv_block), limit = t.max_kv_tokens(kb);
   if (opt.kv_tokens > limit)
     fail("engine: a KV pool of ", opt.kv_tokens, " tokens does not fit the ", t.device(), " (at most ", limit,
@@ -104,9 +103,8 @@ int64_t pool_blocks(const EngineTarget& t, const EngineOptions& opt, int64_t ctx
 
 }  // namespace
 
-Engine::Impl::Impl(std::unique_ptr<EngineTarget> own, EngineTarget& t, EngineOptions o)
-    : owned(std::move(own)),
-      target(t),
+Engine::Impl::Impl(const Target& t, EngineOptions o)
+    : target(t),
       opt(std::move(o)),
       ctx(std::min(opt.context > 0 ? opt.context : t.config().max_position_embeddings, t.max_context())),
       V(t.config().vocab_size),
@@ -120,6 +118,8 @@ Engine::Impl::Impl(std::unique_ptr<EngineTarget> own, EngineTarget& t, EngineOpt
   if (opt.max_queue < 0) fail("engine: the queue bound (", opt.max_queue, ") is negative");
   if (opt.make_drafter) {
     if (!opt.spec.chain && opt.spec.budget < 1) fail("--budget must be at least 1 (got ", opt.spec.budget, ")");
+    if (!opt.spec.chain && opt.spec.budget > kMaxTreeBudget)
+      fail("--budget ", opt.spec.budget, " is more than ", kMaxTreeBudget, " tree nodes (memory and time grow with budget²)");
     std::unique_ptr<Drafter> probe = opt.make_drafter();
     if (!probe) fail("engine: make_drafter returned no drafter");
     draft_block = probe->block_size();
@@ -204,6 +204,9 @@ void Engine::Impl::admit() {
         continue;
       }
       s.n_taps = draft_taps;
+      s.stats.tau_histogram.assign(size_t(draft_block + 1), 0);
+      // A drafter on the target's device reads the taps where the forward leaves them.
+      s.device_taps = s.n_taps > 0 && target.device_taps() && s.drafter->takes_device_taps();
       // Prefix-cache rows (only for drafters without taps) count as context the drafter has seen.
       if (s.n_kv > 0) s.drafter->append_context(nullptr, s.n_kv);
     }
@@ -230,6 +233,7 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
   s.step_prefill = s.next < 0;
   s.post_failed = false;
   s.round.reset();
+  s.dev_taps = nullptr;
   if (s.next < 0) {
     // Prefill chunk in the target's prefill form (the CPU: expanded MLA, as generate_ar's prefill;
     // row invariance: chunks and prefix-cache hits give the one-shot prefill's latents bit for
@@ -245,7 +249,9 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     if (L < 1) fail("internal: no draft position left at ", start);
     // (A drafter on the GPU hands back only the tree builder's top-k: draft_round.)
     std::vector<float> scratch;
-    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch));
+    const double t0 = now_s();
+    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch, opt.spec.device_top_k));
+    s.stats.draft_ms += (now_s() - t0) * 1e3;
     s.step_rows = s.round->tree.size();
     a.ids = s.round->tree.tokens.data();
     a.positions = s.round->positions.data();
@@ -259,12 +265,29 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
   }
   a.n = s.step_rows;
   ensure_rows(s, s.n_kv + s.step_rows);
-  s.logits.resize(static_cast<size_t>((s.step_logits ? (a.all_logits ? a.n : 1) : 0) * V));
-  a.logits = s.step_logits ? s.logits.data() : nullptr;
+  // Greedy rows whose logits nobody reads (no kept logits, no logprobs) need only their argmax:
+  // where the target computes it (the GPU), the logits stay there.
+  const GenerateOptions& g = s.req.gen;
+  s.step_argmax = s.step_logits && target.device_argmax() && g.sampling.temperature == 0.0f && !g.keep_logits &&
+                  s.req.top_logprobs < 0;
+  const int64_t lrows = s.step_logits ? (a.all_logits ? a.n : 1) : 0;
+  if (s.step_argmax) {
+    s.am_ids.resize(size_t(lrows));
+    s.am_vals.resize(size_t(lrows));
+    a.argmax_ids = s.am_ids.data();
+    a.argmax_vals = s.am_vals.data();
+  } else {
+    s.logits.resize(static_cast<size_t>(lrows * V));
+    a.logits = s.step_logits ? s.logits.data() : nullptr;
+  }
   if (s.n_taps) {
-    s.taps.resize(static_cast<size_t>(a.n * s.n_taps * c.hidden_size));
     a.tap_layers = &s.drafter->tap_layers();
-    a.taps = s.taps.data();
+    if (s.device_taps) {
+      a.device_taps = &s.dev_taps;
+    } else {
+      s.taps.resize(static_cast<size_t>(a.n * s.n_taps * c.hidden_size));
+      a.taps = s.taps.data();
+    }
   }
   f.kv = pool.view(s.blocks);
   f.start = s.n_kv;
@@ -313,26 +336,40 @@ void Engine::Impl::publish_blocks(EngineSeq& s) {
 void Engine::Impl::post_sample(EngineSeq& s) {
   const SamplingParams& sp = s.req.gen.sampling;
   const uint64_t seq_id = s.req.gen.seq_id;
-  auto choose = [&](const float* lg, int64_t pos) {
-    return sample(lg, int32_t(V), sp, position_uniform(sp.seed, seq_id, uint64_t(pos)));
+  // Logit row `row` of this step: on the host, or (argmax outputs) left where the target computed it.
+  std::vector<float> fetched;
+  auto row_of = [&](int32_t row) -> const float* {
+    if (!s.step_argmax) return s.logits.data() + size_t(row) * size_t(V);
+    fetched.resize(size_t(V));
+    target.logits_row(s.batch_index, row, fetched.data());
+    return fetched.data();
   };
+  // The target's choice at a row: sample(logits, position_uniform(seed, seq, position)) — with
+  // argmax outputs (greedy), the device's argmax, which is sample()'s greedy choice; a row it cannot
+  // settle (a NaN, nothing selectable) goes to sample(), which names the problem.
+  auto choose = [&](int32_t row, int64_t pos) {
+    if (s.step_argmax && s.am_ids[size_t(row)] >= 0 && s.am_vals[size_t(row)] != -INFINITY) return s.am_ids[size_t(row)];
+    return sample(row_of(row), int32_t(V), sp, position_uniform(sp.seed, seq_id, uint64_t(pos)));
+  };
+  // (A row whose token is emitted is read whole only when kept or asked for logprobs: never with
+  // argmax outputs, which are asked only when neither is.)
+  auto commit = [&](int32_t tok, int32_t row) { return commit_token(s, tok, s.step_argmax ? nullptr : row_of(row)); };
   if (!s.round) {
     if (!s.step_logits) return;
-    // The token at position tokens.size(), exactly as generate_ar draws it.
-    const int32_t tok = choose(s.logits.data(), int64_t(s.tokens.size()));
+    // The token at position tokens.size(), exactly as the AR reference draws it.
+    const int32_t tok = choose(0, int64_t(s.tokens.size()));
     if (s.step_prefill) s.t_first = now_s();
-    if (commit_token(s, tok, s.logits.data())) s.next = tok;
+    if (commit(tok, 0)) s.next = tok;
     return;
   }
-  // DDTree round: walk the tree against the target's logits, committing as it goes.
+  // DDTree round: walk the tree against the target's choices, committing as it goes.
   const DraftTree& tree = s.round->tree;
-  s.path = accept_walk(
-      tree, s.logits.data(), V, s.n_kv, choose, [&](int32_t tok, const float* lg) { return commit_token(s, tok, lg); },
-      &s.next);
+  s.path = accept_walk(tree, s.n_kv, choose, commit, &s.next);
   const int64_t tau = int64_t(s.path.size());
   ++s.stats.rounds;
   s.stats.drafted += tree.size() - 1;
   s.stats.accepted += tau - 1;
+  ++s.stats.tau_histogram[size_t(std::min<int64_t>(tau, int64_t(s.stats.tau_histogram.size()) - 1))];
   std::lock_guard<std::mutex> lk(mu);
   ++m.spec_rounds;
   m.spec_drafted += uint64_t(tree.size() - 1);
@@ -346,7 +383,12 @@ void Engine::Impl::post_kv(EngineSeq& s) {
   if (!s.round) {
     s.n_kv += s.step_rows;
     publish_blocks(s);
-    if (s.step_prefill && s.drafter) s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
+    if (s.step_prefill && s.drafter) {
+      if (s.dev_taps)
+        s.drafter->append_context_device(s.dev_taps, s.step_rows, nullptr);
+      else
+        s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
+    }
     return;
   }
   if (!s.ev.finish_reason.empty()) return;
@@ -354,6 +396,10 @@ void Engine::Impl::post_kv(EngineSeq& s) {
   target.keep_rows(pool.view(s.blocks), start, s.path);
   s.n_kv = start + tau;
   publish_blocks(s);
+  if (s.dev_taps) {
+    s.drafter->append_context_device(s.dev_taps, tau, s.path.data());
+    return;
+  }
   const int64_t hid = target.config().hidden_size, width = s.n_taps * hid;
   std::vector<float> acc(static_cast<size_t>(tau * width));
   for (int64_t k = 0; k < tau && width; ++k)
@@ -449,6 +495,7 @@ void Engine::Impl::step() {
       s.ev.error = e.what();
       continue;
     }
+    s.batch_index = int64_t(batch.size());
     batch.push_back(std::move(f));
     in_batch.push_back(&s);
   }
@@ -459,8 +506,16 @@ void Engine::Impl::step() {
   if (!batch.empty()) {
     try {
       const double t0 = now_s();
-      target.forward_batch(batch);
+      ForwardStats fst;
+      target.forward_batch(batch, &fst);
       t_fwd = now_s() - t0;
+      for (EngineSeq* q : in_batch) {
+        RequestStats& rs = q->stats;
+        ++rs.forwards;
+        (q->step_prefill ? rs.prefill_weight_bytes : rs.decode_weight_bytes) += fst.weight_bytes;
+        if (q->step_prefill) rs.prefill_forward_ms += t_fwd * 1e3;
+        if (q->round) rs.verify_ms += t_fwd * 1e3;
+      }
       ThreadPool::global().parallel_for(int64_t(in_batch.size()), 1, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           EngineSeq& q = *in_batch[size_t(i)];
@@ -551,14 +606,7 @@ void Engine::Impl::loop() {
   refresh_metrics();
 }
 
-Engine::Engine(const DeepseekV3& model, EngineOptions opt) {
-  std::unique_ptr<EngineTarget> t = cpu_engine_target(model);
-  EngineTarget& ref = *t;
-  impl_ = std::make_unique<Impl>(std::move(t), ref, std::move(opt));
-  impl_->thread = std::thread([this] { impl_->loop(); });
-}
-
-Engine::Engine(EngineTarget& target, EngineOptions opt) : impl_(std::make_unique<Impl>(nullptr, target, std::move(opt))) {
+Engine::Engine(const Target& target, EngineOptions opt) : impl_(std::make_unique<Impl>(target, std::move(opt))) {
   impl_->thread = std::thread([this] { impl_->loop(); });
 }
 
@@ -576,7 +624,6 @@ uint64_t Engine::submit(EngineRequest req) {
   if (!req.on_event) fail("engine: the request has no on_event callback");
   if (req.top_logprobs < -1 || req.top_logprobs > 20)
     fail("top_logprobs must be between 0 and 20 (got ", req.top_logprobs, ")");
-  if (req.gen.keep_prompt_logits) fail("engine: keep_prompt_logits is not supported (prompt logits are not kept)");
   auto s = std::make_unique<EngineSeq>();
   GenerateOptions& gen = req.gen;
   gen.context = gen.context > 0 ? std::min(gen.context, I.ctx) : I.ctx;

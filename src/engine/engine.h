@@ -25,11 +25,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/engine_target.h"
-#include "model/deepseek_v3.h"
-#include "decode/ar.h"
-#include "decode/ddtree.h"
+#include "decode/generate.h"
 #include "model/drafter.h"
+#include "model/target.h"
 
 namespace kd {
 
@@ -63,6 +61,13 @@ struct RequestStats {
   double prefill_ms = 0;        // admitted → first token committed
   double decode_ms = 0;         // first token → done
   int64_t rounds = 0, drafted = 0, accepted = 0;  // speculative decoding (0 for AR)
+  std::vector<int64_t> tau_histogram;  // DDTree: [block + 1], rounds whose τ (accepted + 1) was i
+  // Target forwards this request took part in, and what they cost (a batched step counts whole for
+  // each of its sequences: with one request, exactly that request's).
+  int64_t forwards = 0;
+  uint64_t prefill_weight_bytes = 0, decode_weight_bytes = 0;
+  double prefill_forward_ms = 0;      // the prompt's forwards
+  double draft_ms = 0, verify_ms = 0; // DDTree: this sequence's drafting; the verify forwards
 };
 
 struct EngineEvent {
@@ -80,7 +85,7 @@ struct EngineRequest {
   // max_new_tokens, sampling (with its seed), ignore_eos, stop_ids, context. seq_id must stay 0
   // (or the caller's choice) — never the engine's request id — so that a request's samples do not
   // depend on what else is running.
-  // gen.keep_logits fills EngineEvent::logits (tests, --dump-logits); keep_prompt_logits is refused.
+  // gen.keep_logits fills EngineEvent::logits (tests, --dump-logits).
   GenerateOptions gen;
   int32_t top_logprobs = -1;  // -1: no logprobs; 0…20: the chosen token's logprob and k alternatives
   // Called on the engine thread whenever tokens are committed and exactly once with done = true.
@@ -114,11 +119,9 @@ class EngineFull : public Error {
 
 class Engine {
  public:
-  // Starts the engine thread. The model or target (and anything make_drafter captures) must outlive
-  // the engine. On the CPU model:
-  Engine(const DeepseekV3& model, EngineOptions opt);
-  // On any target (the CUDA target: cuda_engine_target). The target's KV is sized and set up here.
-  Engine(EngineTarget& target, EngineOptions opt);
+  // Starts the engine thread on any target (the CPU model, the CUDA target). The target (and
+  // anything make_drafter captures) must outlive the engine; its KV is sized and set up here.
+  Engine(const Target& target, EngineOptions opt);
   ~Engine();  // cancels every request (each gets its final event) and joins the thread
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

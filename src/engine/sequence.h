@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/engine.h"
 #include "decode/round.h"
+#include "engine/engine.h"
 
 namespace kd {
 
@@ -28,6 +28,7 @@ struct EngineSeq {
   int32_t next = -1;
   std::unique_ptr<Drafter> drafter;
   int64_t n_taps = 0;
+  bool device_taps = false;     // the drafter reads the target's taps on the device
 
   // This step's work.
   int64_t step_rows = 0;          // rows in the forward (0: not in this step)
@@ -35,8 +36,13 @@ struct EngineSeq {
   bool post_failed = false;       // sampling this step threw (the sequence ends with an error)
   std::vector<int32_t> path;      // a DDTree round's accepted rows (tree indices, root first)
   bool step_logits = false;       // the forward returns logits for this sequence
+  bool step_argmax = false;       // … as argmax outputs (greedy, logits left on the device)
+  int64_t batch_index = 0;        // this sequence's index in the step's batch
   std::vector<float> logits;      // [1 or tree size, vocab]
+  std::vector<int32_t> am_ids;    // [1 or tree size] argmax outputs
+  std::vector<float> am_vals;
   std::vector<float> taps;        // [step_rows, n_taps, hidden]
+  const float* dev_taps = nullptr;  // device taps of this step (device_taps)
   std::unique_ptr<DraftRound> round;
 
   // Timing, stats, and the event being built.

@@ -433,6 +433,19 @@ void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const {
   if (a.commit) cache.commit(start + a.n);
 }
 
+int64_t DeepseekV3::max_kv_tokens(int64_t) const { return std::numeric_limits<int64_t>::max(); }
+
+void DeepseekV3::keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const {
+  for (int64_t k = 0; k < int64_t(path.size()); ++k) {
+    const int64_t from = path[size_t(k)];
+    if (from < k || (k > 0 && from <= path[size_t(k - 1)]))
+      fail("KV compaction: kept rows must increase (row ", from, " at slot ", k, ")");
+    if (start + from >= kv.capacity()) fail("KV compaction: row ", start + from, " is past the sequence's ", kv.capacity(), " rows");
+    if (from == k) continue;
+    for (int64_t l = 0; l < kv.n_layers; ++l) std::copy_n(kv.row(l, start + from), kv.dim, kv.row(l, start + k));
+  }
+}
+
 void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size;
@@ -445,6 +458,8 @@ void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
     const ForwardArgs& a = f.args;
     const int64_t n = a.n, start = f.start;
     if (n <= 0) fail("forward: no tokens (sequence ", sq, " of the batch)");
+    if (a.argmax_ids || a.argmax_vals || a.device_taps)
+      fail("forward: the CPU target brings logits and taps to the host (no argmax outputs, no device taps)");
     if (f.kv.ptrs.empty()) fail("forward: sequence ", sq, "'s KV has no host storage (a device target's pool)");
     if (start + n > f.kv.capacity())
       fail("forward: ", start, " + ", n, " rows exceed the ", f.kv.capacity(), " KV rows of sequence ", sq);

@@ -9,6 +9,7 @@
 #include "io/checkpoint.h"
 #include "kv/kv_view.h"
 #include "kv/latent_cache.h"
+#include "model/target.h"
 
 namespace kd {
 
@@ -35,50 +36,11 @@ struct LayerWeights {
   MlpWeights shared;                 // moe, n_shared_experts > 0: moe_intermediate × n_shared
 };
 
-// Which attention form the forward uses. Both give the same result (tests check it):
-// expanded re-projects every cached latent through kv_b (HF's form, good for prefill);
-// absorbed folds W_UK into the query and W_UV after the weighted sum, attending over the 576-wide
-// latent directly (the decode form of vLLM/FlashMLA).
-enum class AttnForm { expanded, absorbed };
-
-struct ForwardStats {
-  uint64_t weight_bytes = 0;  // weight bytes streamed (each matrix counted once per call)
-};
-
-// One target forward over n new tokens that follow the cache's committed rows. Beyond plain
-// causal decoding it serves DDTree's verify pass: explicit RoPE positions (siblings share one),
-// an ancestor-only visibility mask over the new rows, rows left uncommitted for compaction, and
-// the residual-stream outputs of chosen layers for the drafter.
-struct ForwardArgs {
-  const int32_t* ids = nullptr;           // [n]
-  int64_t n = 0;
-  const int32_t* positions = nullptr;     // [n] RoPE positions; null → cache.size() + i
-  const uint8_t* visibility = nullptr;    // [n, n]: row i sees new row j iff 1; null → causal (j ≤ i)
-  bool commit = true;                     // false: the rows stay scratch at [size, size + n)
-  AttnForm form = AttnForm::absorbed;
-  bool all_logits = false;                // logits for every row, else only the last
-  float* logits = nullptr;                // [n or 1, vocab]; may be null
-  const std::vector<int32_t>* tap_layers = nullptr;  // layer ids whose outputs to copy out
-  float* taps = nullptr;                  // [n, tap_layers.size(), hidden]
-  ForwardStats* stats = nullptr;
-};
-
-// One sequence's share of a batched forward (the serving engine's step): its KV rows, the rows
-// already committed there, and its new tokens. Every new row attends to rows [0, start) of its own
-// sequence and to the new rows of its own sequence that args' causal order or visibility mask
-// allows — never to another sequence. args.commit and args.stats are not read (the caller commits;
-// stats are per batch).
-struct SeqForward {
-  KvView kv;          // capacity ≥ start + args.n; the new rows' latents are written at start + i
-  int64_t start = 0;  // committed rows
-  ForwardArgs args;
-};
-
-class DeepseekV3 {
+// The CPU target (model/target.h).
+class DeepseekV3 final : public Target {
  public:
   explicit DeepseekV3(const Checkpoint& ckpt);  // validates every tensor's name, dtype and shape
 
-  const ModelConfig& config() const { return cfg_; }
   const Weight& embedding() const { return embed_; }  // [vocab, hidden]; the DFlash drafter shares it
   const Weight& lm_head() const { return lm_head_; }  // [vocab, hidden]; the drafter shares it too
   const std::vector<float>& final_norm() const { return final_norm_; }
@@ -95,7 +57,19 @@ class DeepseekV3 {
   // Many sequences in one forward: every weight matrix is streamed once for all their rows. Row
   // invariance (DESIGN.md §2) makes each sequence's latents, logits and taps bit-identical to a
   // forward of that sequence alone; forward(cache, args) is this with one sequence.
-  void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const;
+  void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const override;
+
+  // Target: KV rows in host memory (the KvPool's blocks), allocated as used; the prompt prefills in
+  // the expanded form as HF does; logits always come to the host (no argmax outputs, no device taps).
+  const ModelConfig& config() const override { return cfg_; }
+  std::string device() const override { return "cpu"; }
+  int64_t max_context() const override { return cfg_.max_position_embeddings; }
+  int64_t max_kv_tokens(int64_t block_tokens) const override;
+  bool host_kv() const override { return true; }
+  void init_kv(int64_t, int64_t) const override {}
+  AttnForm prefill_form() const override { return AttnForm::expanded; }
+  bool supports(AttnForm) const override { return true; }
+  void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;
 
   // MoE router of one row of `layer` (SPEC-MODEL.md §2 MoE): from fp32 router logits [n_routed_experts]
   // to the chosen experts [num_experts_per_tok] (ascending id) and their weights.

@@ -36,6 +36,7 @@ CudaTarget::Impl::~Impl() {
   for (void* p : allocs) cudaFree(p);
   if (h_in) cudaFreeHost(h_in);
   if (h_logits) cudaFreeHost(h_logits);
+  if (am_host) cudaFreeHost(am_host);
   drop_graphs();
   if (ev0) cudaEventDestroy(ev0);
   if (ev1) cudaEventDestroy(ev1);
@@ -154,7 +155,7 @@ void CudaTarget::Impl::ensure_in(int64_t ints) {
   ++buf_gen;
 }
 
-void CudaTarget::Impl::run(int64_t n, int64_t nt, int64_t max_keys, int64_t n_logits,
+void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_logits,
                            const std::vector<int32_t>* tap_layers, float* taps_dev) {
   const ModelConfig& c = cfg;
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, qr = c.q_lora_rank, qk = c.qk_head_dim();
@@ -162,7 +163,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t nt, int64_t max_keys, int64_t n_lo
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
   const int32_t* ids = in;
   const int32_t* pos = in + n;
-  const cuda::KeyLists keys{in + 2 * n, in + 3 * n, in + 4 * n, in + 5 * n, in + 6 * n, in + 7 * n, in + 9 * n + nt, in + 9 * n, bt};
+  const cuda::KeyLists keys{in + 2 * n, in + 3 * n, in + 4 * n, in + 5 * n, in + 6 * n, in + 7 * n, in + 9 * n, in + 9 * n + vcap, bt};
   const int32_t* lrows = in + 8 * n;
   cudaStream_t s = stream;
   using cuda::Epilogue;
@@ -305,11 +306,12 @@ void CudaTarget::Impl::stage_seq(Staged& st, const int32_t* ids_h, int64_t n, co
   st.n += n;
 }
 
-void CudaTarget::Impl::upload(const Staged& st) {
+void CudaTarget::Impl::upload(const Staged& st, int64_t vcap) {
   const int64_t n = st.n, nt = int64_t(st.tables.size()), nv = int64_t(st.vis.size());
+  if (nv > vcap) fail("internal: ", nv, " visible-list entries exceed their ", vcap, " slots");
   ensure_rows(n);
   ensure_logits(std::max<int64_t>(1, int64_t(st.lrows.size())));
-  ensure_in(9 * n + nt + nv);
+  ensure_in(9 * n + vcap + nt);
   int32_t* p = h_in;
   for (const std::vector<int32_t>* v : {&st.ids, &st.pos, &st.cnt, &st.start, &st.tab, &st.wrow, &st.base, &st.voff}) {
     std::memcpy(p, v->data(), size_t(n) * 4);
@@ -317,18 +319,18 @@ void CudaTarget::Impl::upload(const Staged& st) {
   }
   std::memcpy(p, st.lrows.data(), st.lrows.size() * 4);  // (n slots; the rest unused)
   p += n;
-  std::memcpy(p, st.tables.data(), size_t(nt) * 4);
-  std::memcpy(p + nt, st.vis.data(), size_t(nv) * 4);
-  check(cudaMemcpyAsync(in, h_in, size_t(9 * n + nt + nv) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
+  std::memcpy(p, st.vis.data(), size_t(nv) * 4);
+  std::memcpy(p + vcap, st.tables.data(), size_t(nt) * 4);
+  check(cudaMemcpyAsync(in, h_in, size_t(9 * n + vcap + nt) * 4, cudaMemcpyHostToDevice, stream), "upload inputs");
 }
 
-int64_t CudaTarget::Impl::upload_inputs(const int32_t* ids_h, int64_t n, const int32_t* positions, const uint8_t* visibility,
-                                        bool all_logits, bool want_logits) {
-  if (paged) fail("this CUDA target serves the engine's paged KV (forward_batch); it has no single-sequence cache");
+int64_t CudaTarget::Impl::upload_own(const int32_t* ids_h, int64_t n, const int32_t* positions, const uint8_t* visibility,
+                                     bool all_logits, bool want_logits, bool graphed) {
+  const SeqForward f = own_sequence({});
   Staged st;
-  const int32_t table = 0;  // one block as long as the cache
-  stage_seq(st, ids_h, n, positions, visibility, size, &table, 1, all_logits, want_logits);
-  upload(st);
+  stage_seq(st, ids_h, n, positions, visibility, size, f.kv.blocks.data(), 1, all_logits, want_logits);
+  staged_vis = int64_t(st.vis.size());
+  upload(st, graphed ? n * n : staged_vis);
   return size;
 }
 
@@ -339,10 +341,21 @@ int64_t CudaTarget::size() const { return impl_->size; }
 int64_t CudaTarget::max_tokens() const { return impl_->cap; }
 void CudaTarget::reset() { impl_->size = 0; }
 uint64_t CudaTarget::device_weight_bytes() const { return impl_->weight_bytes; }
-
-void CudaTarget::forward(const ForwardArgs& a) { forward_impl(*impl_, a, false, false, nullptr); }
 void CudaTarget::set_graphs(bool on) { impl_->graphs = on; }
 bool CudaTarget::graphs() const { return impl_->graphs; }
+void CudaTarget::set_device_outputs(bool on) { impl_->device_outputs = on; }
+bool CudaTarget::device_argmax() const { return impl_->device_outputs; }
+bool CudaTarget::device_taps() const { return impl_->device_outputs; }
+std::string CudaTarget::device() const { return cat("cuda (", cuda_device_name(), ")"); }
+int64_t CudaTarget::max_context() const { return max_keys(); }
+
+// The pool is allocated up front on the device: the memory free now, less a tenth of it (at least
+// 4 GiB) for the work buffers of a step (they grow with the rows of the largest batch).
+int64_t CudaTarget::max_kv_tokens(int64_t block_tokens) const {
+  const int64_t per = kv_bytes_per_token(), free_b = free_device_bytes();
+  const int64_t budget = free_b - std::max<int64_t>(free_b / 10, int64_t(4) << 30);
+  return std::max<int64_t>(0, budget / per / block_tokens * block_tokens);
+}
 
 void CudaTarget::Impl::drop_graphs() {
   for (Graph& g : graph_cache)
@@ -350,12 +363,11 @@ void CudaTarget::Impl::drop_graphs() {
   graph_cache.clear();
 }
 
-void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, bool want_logits,
-                                   const std::vector<int32_t>* tap_layers, float* taps_dev) {
-  if (n == 1) all_logits = false;  // the last row is the only row: one graph for both
+void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, int64_t n_logits, const std::vector<int32_t>* tap_layers,
+                                   float* taps_dev) {
   const std::vector<int32_t> tap_list = tap_layers ? *tap_layers : std::vector<int32_t>{};
   const int64_t bound = std::min(cap, cuda::mla_max_keys(cfg.kv_lora_rank, cfg.qk_rope_head_dim));
-  constexpr size_t kMaxGraphs = 64;  // distinct shapes kept (tree sizes ≤ the budget + 1, plus decode)
+  constexpr size_t kMaxGraphs = 64;  // distinct shapes kept (tree sizes ≤ the budget + 1, decode batches)
   if (graph_gen != buf_gen) {  // a work buffer (or `in`) moved since the graphs were captured
     drop_graphs();
     graph_gen = buf_gen;
@@ -363,21 +375,20 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, boo
   }
   Graph* hit = nullptr;
   for (Graph& g : graph_cache)
-    if (g.n == n && g.all_logits == all_logits && g.want_logits == want_logits && g.tap_layers == tap_list && g.taps_dev == taps_dev)
-      hit = &g;
+    if (g.n == n && g.n_logits == n_logits && g.tap_layers == tap_list && g.taps_dev == taps_dev) hit = &g;
   // A shape's first forward launches kernel by kernel and only its second is captured: shapes used
-  // once (one tree size, a one-token prompt) pay no capture, and the kernels' one-time setup
-  // (attention's smem opt-in, a non-stream call) has happened before any capture.
+  // once (a prompt, one tree size) pay no capture, and the kernels' one-time setup (attention's
+  // smem opt-in, a non-stream call) has happened before any capture.
   if (!hit || keys > bound) {  // (the launch path reports a key list beyond the kernel's limit)
-    if (!hit && graph_cache.size() < kMaxGraphs) graph_cache.push_back(Graph{n, all_logits, want_logits, tap_list, taps_dev, nullptr});
-    run(n, 1, keys, want_logits ? (all_logits ? n : 1) : 0, tap_layers, taps_dev);
+    if (!hit && graph_cache.size() < kMaxGraphs) graph_cache.push_back(Graph{n, n_logits, tap_list, taps_dev, nullptr});
+    run(n, n * n, keys, n_logits, tap_layers, taps_dev);
     return;
   }
   if (!hit->exec) {
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
-      run(n, 1, bound, want_logits ? (all_logits ? n : 1) : 0, tap_layers, taps_dev);
+      run(n, n * n, bound, n_logits, tap_layers, taps_dev);
     } catch (...) {
       cudaStreamEndCapture(stream, &g);  // leave the stream usable
       if (g) cudaGraphDestroy(g);
@@ -392,81 +403,190 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, bool all_logits, boo
   check(cudaGraphLaunch(hit->exec, stream), "cudaGraphLaunch");
 }
 
-bool CudaTarget::Impl::graph_captured(int64_t n, bool all_logits, bool want_logits) const {
-  if (n == 1) all_logits = false;  // as run_graphed
+bool CudaTarget::Impl::graph_captured(int64_t n, int64_t n_logits) const {
   if (graph_gen != buf_gen) return false;
   for (const Graph& g : graph_cache)
-    if (g.n == n && g.all_logits == all_logits && g.want_logits == want_logits && g.tap_layers.empty() && g.taps_dev == nullptr)
-      return g.exec != nullptr;
+    if (g.n == n && g.n_logits == n_logits && g.tap_layers.empty() && g.taps_dev == nullptr) return g.exec != nullptr;
   return false;
 }
 
-const float* CudaTarget::forward_device_taps(const ForwardArgs& a) {
-  if (a.taps) fail("forward_device_taps: the taps stay on the device (pass no host taps buffer)");
-  if (!a.tap_layers || a.tap_layers->empty()) fail("forward_device_taps: no tap layers");
-  return forward_impl(*impl_, a, true, false, nullptr);
+// The one forward (DESIGN.md §3, model/target.h): every sequence's rows staged into one upload,
+// one pass over the layers — a captured graph of this shape replayed when the batch is small
+// (≤ kGraphRows rows: decode steps, verify trees, short chunks), kernel by kernel otherwise — then
+// the outputs each sequence asked for: host logits (one copy of every logit row into pinned
+// memory), argmax outputs (the logits stay here; logits_row fetches one), taps on the host or
+// left on the device. One host sync.
+void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, ForwardStats* stats) {
+  const ModelConfig& c = cfg;
+  if (seqs.empty()) fail("forward: no sequences");
+  Staged st;
+  const std::vector<int32_t>* taps_of = nullptr;
+  bool host_logits = false, argmax = false;
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const SeqForward& f = seqs[sq];
+    const ForwardArgs& a = f.args;
+    if (a.form == AttnForm::expanded)
+      fail("the CUDA backend runs the absorbed MLA form only (it computes the same function); use --decode-attn absorbed");
+    if (f.kv.block_tokens != bt || f.kv.blocks.empty())
+      fail("forward: sequence ", sq, "'s KV view is not a block table of this target's ", bt, "-row blocks");
+    if ((a.argmax_ids == nullptr) != (a.argmax_vals == nullptr)) fail("forward: argmax outputs need both ids and values");
+    if (a.argmax_ids && a.logits) fail("forward: sequence ", sq, " asks for host logits and argmax outputs both");
+    if (a.taps && a.device_taps) fail("forward: sequence ", sq, " asks for taps on the host and on the device both");
+    if (a.taps || a.device_taps) {
+      if (!a.tap_layers || a.tap_layers->empty()) fail("forward: taps asked without tap layers");
+      if (taps_of && *taps_of != *a.tap_layers) fail("forward: sequences tap different layers");
+      taps_of = a.tap_layers;
+    }
+    host_logits |= a.logits != nullptr;
+    argmax |= a.argmax_ids != nullptr;
+    stage_seq(st, a.ids, a.n, a.positions, a.visibility, f.start, f.kv.blocks.data(), int64_t(f.kv.blocks.size()), a.all_logits,
+              a.logits != nullptr || a.argmax_ids != nullptr);
+  }
+  const int64_t n = st.n, n_logits = int64_t(st.lrows.size()), V = c.vocab_size;
+  const int64_t limit = cuda::mla_max_keys(c.kv_lora_rank, c.qk_rope_head_dim);
+  if (st.max_keys > limit)
+    fail("forward: a row attends to ", st.max_keys, " keys, beyond the CUDA attention's limit of ", limit);
+  const bool graphed = graphs && n <= kGraphRows;
+  upload(st, graphed ? n * n : int64_t(st.vis.size()));
+  float* taps_dev = nullptr;
+  const int64_t n_taps = taps_of ? int64_t(taps_of->size()) : 0, tap_row = n_taps * c.hidden_size;
+  if (taps_of) {
+    for (int32_t t : *taps_of)
+      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
+    if (taps_cap < n * tap_row) {
+      check(cudaStreamSynchronize(stream), "taps");
+      release(taps);
+      taps = static_cast<float*>(alloc(size_t(n * tap_row) * 4, "taps"));
+      taps_cap = n * tap_row;
+    }
+    taps_dev = taps;
+  }
+  if (graphed)
+    run_graphed(n, st.max_keys, n_logits, taps_of, taps_dev);
+  else
+    run(n, int64_t(st.vis.size()), st.max_keys, n_logits, taps_of, taps_dev);
+
+  if (host_logits) {
+    if (n_logits > h_logits_cap) {
+      if (h_logits) cudaFreeHost(h_logits);
+      h_logits = nullptr;
+      h_logits_cap = 0;
+      check(cudaMallocHost(reinterpret_cast<void**>(&h_logits), size_t(n_logits * V) * 4), "cudaMallocHost (logits)");
+      h_logits_cap = n_logits;
+    }
+    check(cudaMemcpyAsync(h_logits, logits, size_t(n_logits * V) * 4, cudaMemcpyDeviceToHost, stream), "download logits");
+  }
+  if (argmax) {
+    if (am_cap < n_logits) {
+      check(cudaStreamSynchronize(stream), "argmax");
+      release(am_dev);
+      if (am_host) cudaFreeHost(am_host);
+      am_host = nullptr;
+      am_dev = static_cast<int32_t*>(alloc(size_t(2 * n_logits) * 4, "argmax outputs"));
+      check(cudaMallocHost(reinterpret_cast<void**>(&am_host), size_t(2 * n_logits) * 4), "cudaMallocHost (argmax)");
+      am_cap = n_logits;
+    }
+    // Lowest index on ties, −1 on a NaN (sample()'s greedy choice); the value picked, −inf when the
+    // row has nothing selectable.
+    float* vals_dev = reinterpret_cast<float*>(am_dev + am_cap);
+    cuda::argmax_rows(logits, n_logits, V, am_dev, stream);
+    cuda::gather_row_values(logits, V, am_dev, n_logits, vals_dev, stream);
+    check(cudaMemcpyAsync(am_host, am_dev, size_t(n_logits) * 4, cudaMemcpyDeviceToHost, stream), "download argmax");
+    check(cudaMemcpyAsync(am_host + am_cap, vals_dev, size_t(n_logits) * 4, cudaMemcpyDeviceToHost, stream), "download argmax");
+  }
+  int64_t row = 0;
+  for (const SeqForward& f : seqs) {
+    const ForwardArgs& a = f.args;
+    if (a.taps)
+      check(cudaMemcpyAsync(a.taps, taps_dev + row * tap_row, size_t(a.n * tap_row) * 4, cudaMemcpyDeviceToHost, stream),
+            "download taps");
+    if (a.device_taps) *a.device_taps = taps_dev + row * tap_row;
+    row += a.n;
+  }
+  std::vector<int32_t> distinct(static_cast<size_t>(c.num_hidden_layers), 0);
+  if (stats)
+    check(cudaMemcpyAsync(distinct.data(), active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, stream), "download counts");
+  check(cudaStreamSynchronize(stream), "forward");
+  // Each sequence's logit rows are consecutive staged logit rows.
+  last_lrow0.clear();
+  std::vector<std::pair<int64_t, int64_t>> copies;  // (sequence, first staged logit row)
+  int64_t lrow = 0;
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const ForwardArgs& a = seqs[sq].args;
+    last_lrow0.push_back(lrow);
+    const int64_t k = (a.logits || a.argmax_ids) ? (a.all_logits ? a.n : 1) : 0;
+    if (a.argmax_ids) {
+      const int32_t* ids = am_host;
+      const float* vals = reinterpret_cast<const float*>(am_host + am_cap);
+      std::copy_n(ids + lrow, k, a.argmax_ids);
+      std::copy_n(vals + lrow, k, a.argmax_vals);
+    }
+    if (a.logits) copies.push_back({int64_t(sq), lrow});
+    lrow += k;
+  }
+  last_lrows = lrow;
+  ThreadPool::global().parallel_for(int64_t(copies.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const ForwardArgs& a = seqs[size_t(copies[size_t(k)].first)].args;
+      const int64_t rows = a.all_logits ? a.n : 1;
+      std::memcpy(a.logits, h_logits + copies[size_t(k)].second * V, size_t(rows * V) * 4);
+    }
+  });
+  if (stats) stats->weight_bytes += weight_bytes_of(n, &distinct, n_logits);
 }
 
-// The forward's host side; device_taps: keep the taps in the device buffer (returned), no download.
-// device_logits (a.logits must be null): compute the logits rows (all or the last) into m.logits
-// and leave them there, fill *distinct (per layer, when a.stats) asynchronously, and return without
-// waiting — the caller reads the logits on the device, synchronises and counts the weight bytes.
-const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps, bool device_logits,
-                          std::vector<int32_t>* distinct_out) {
-  const ModelConfig& c = m.cfg;
-  if (a.form == AttnForm::expanded)
-    fail("the CUDA backend runs the absorbed MLA form only (it computes the same function); use --decode-attn absorbed");
-  if (device_logits && a.logits) fail("internal: logits kept on the device are not downloaded");
-  const bool want_logits = a.logits != nullptr || device_logits;
-  const int64_t n = a.n;
-  const int64_t start = m.upload_inputs(a.ids, n, a.positions, a.visibility, a.all_logits, want_logits);
-  const int64_t n_taps = a.tap_layers ? int64_t(a.tap_layers->size()) : 0;
-  float* taps_dev = nullptr;
-  if (n_taps && (a.taps || device_taps)) {
-    for (int32_t t : *a.tap_layers)
-      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
-    if (m.taps_cap < n * n_taps * c.hidden_size) {
-      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
-      m.taps_cap = n * n_taps * c.hidden_size;
-    }
-    taps_dev = m.taps;
-  }
-  // Repeating shapes replay a captured graph: the one-row AR decode step and the uncommitted
-  // DDTree verify (one graph per tree size). Prefills (any length, once) launch kernel by kernel.
-  const int64_t rows = a.all_logits ? n : 1;
-  if (m.graphs && (n == 1 || !a.commit))
-    m.run_graphed(n, start + n, a.all_logits, want_logits, taps_dev ? a.tap_layers : nullptr, taps_dev);
-  else
-    m.run(n, 1, start + n, want_logits ? rows : 0, taps_dev ? a.tap_layers : nullptr, taps_dev);
-  if (a.logits)
-    check(cudaMemcpyAsync(a.logits, m.logits, size_t(rows * c.vocab_size) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
-  if (taps_dev && !device_taps)
-    check(cudaMemcpyAsync(a.taps, taps_dev, size_t(n * n_taps * c.hidden_size) * 4, cudaMemcpyDeviceToHost, m.stream),
-          "download taps");
-  std::vector<int32_t> local;
-  std::vector<int32_t>& distinct = distinct_out ? *distinct_out : local;
-  distinct.assign(static_cast<size_t>(c.num_hidden_layers), 0);
-  if (a.stats)
-    check(cudaMemcpyAsync(distinct.data(), m.active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, m.stream), "download counts");
-  if (a.commit) m.size = start + n;
-  if (device_logits) return taps_dev;
-  check(cudaStreamSynchronize(m.stream), "forward");
-  if (a.stats) a.stats->weight_bytes += m.weight_bytes_of(n, &distinct, a.logits != nullptr ? rows : 0);
+void CudaTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
+  impl_->forward_seqs(seqs, stats);
+}
+
+void CudaTarget::logits_row(int64_t seq, int64_t row, float* out) const {
+  const Impl& m = *impl_;
+  if (seq < 0 || seq >= int64_t(m.last_lrow0.size())) fail("logits_row: no sequence ", seq, " in the last forward");
+  const int64_t r = m.last_lrow0[size_t(seq)] + row;
+  const int64_t end = size_t(seq) + 1 < m.last_lrow0.size() ? m.last_lrow0[size_t(seq) + 1] : m.last_lrows;
+  if (row < 0 || r >= end) fail("logits_row: sequence ", seq, " had no logit row ", row, " in the last forward");
+  check(cudaMemcpy(out, m.logits + r * m.cfg.vocab_size, size_t(m.cfg.vocab_size) * 4, cudaMemcpyDeviceToHost), "download logits row");
+}
+
+// The single sequence of a one-block cache (CudaTarget(model, max_tokens)): a batch of one.
+SeqForward CudaTarget::Impl::own_sequence(const ForwardArgs& a) const {
+  if (n_blocks != 1) fail("this CUDA target's KV is a pool of ", n_blocks, " blocks lent by an engine (no single-sequence cache)");
+  SeqForward f;
+  f.kv.dim = D;
+  f.kv.n_layers = cfg.num_hidden_layers;
+  f.kv.block_tokens = bt;
+  f.kv.blocks = {0};
+  f.start = size;
+  f.args = a;
+  return f;
+}
+
+void CudaTarget::forward(const ForwardArgs& a) {
+  Impl& m = *impl_;
+  if (a.device_taps) fail("forward: device taps are forward_device_taps'");
+  const std::vector<SeqForward> one = {m.own_sequence(a)};
+  m.forward_seqs(one, a.stats);
+  if (a.commit) m.size += a.n;
+}
+
+const float* CudaTarget::forward_device_taps(const ForwardArgs& a) {
+  Impl& m = *impl_;
+  if (a.taps) fail("forward_device_taps: the taps stay on the device (pass no host taps buffer)");
+  if (!a.tap_layers || a.tap_layers->empty()) fail("forward_device_taps: no tap layers");
+  const float* taps_dev = nullptr;
+  ForwardArgs b = a;
+  b.device_taps = &taps_dev;
+  const std::vector<SeqForward> one = {m.own_sequence(b)};
+  m.forward_seqs(one, a.stats);
+  if (a.commit) m.size += a.n;
   return taps_dev;
 }
 
 void CudaTarget::compact(int64_t start, const std::vector<int32_t>& keep) {
   Impl& m = *impl_;
-  const int64_t nk = int64_t(keep.size());
-  for (size_t k = 0; k < keep.size(); ++k)
-    if (keep[k] < int32_t(k) || (k > 0 && keep[k] <= keep[k - 1]))
-      fail("KV compaction: kept rows must increase (row ", keep[k], " at slot ", k, ")");
-  if (m.paged) fail("this CUDA target serves the engine's paged KV (move_rows); it has no single-sequence cache");
-  if (nk && start + keep.back() >= m.cap) fail("KV compaction: row ", start + keep.back(), " is past the cache");
-  std::vector<int32_t> src, dst;
-  for (int64_t k = 0; k < nk; ++k) src.push_back(int32_t(start + keep[size_t(k)])), dst.push_back(int32_t(start + k));
-  m.copy_rows(src, dst);
-  m.size = start + nk;
+  const SeqForward f = m.own_sequence({});
+  keep_rows(f.kv, start, keep);
+  m.size = start + int64_t(keep.size());
 }
 
 void CudaTarget::Impl::copy_rows(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
@@ -485,111 +605,27 @@ void CudaTarget::Impl::copy_rows(const std::vector<int32_t>& src, const std::vec
   cuda::compact_rows(cache, cfg.num_hidden_layers, cap * D, D, keep, keep + nk, nk, stream);
 }
 
-void CudaTarget::use_paged_kv(int64_t n_blocks, int64_t block_tokens) {
+void CudaTarget::init_kv(int64_t n_blocks, int64_t block_tokens) const {
   Impl& m = *impl_;
   const ModelConfig& c = m.cfg;
-  if (block_tokens < 1 || n_blocks < 1) fail("CUDA paged KV: ", n_blocks, " blocks of ", block_tokens, " rows");
+  if (block_tokens < 1 || n_blocks < 1) fail("CUDA KV: ", n_blocks, " blocks of ", block_tokens, " rows");
   const int64_t rows = n_blocks * block_tokens;
-  if (rows > (int64_t(1) << 31) - 1) fail("CUDA paged KV: ", rows, " rows exceed the 32-bit row index");
-  check(cudaStreamSynchronize(m.stream), "use_paged_kv");
+  if (rows > (int64_t(1) << 31) - 1) fail("CUDA KV: ", rows, " rows exceed the 32-bit row index");
+  check(cudaStreamSynchronize(m.stream), "init_kv");
   m.drop_graphs();
   m.release(m.cache);
   m.cache = nullptr;
-  m.cache = static_cast<uint16_t*>(m.alloc(size_t(c.num_hidden_layers * rows * m.D) * 2, "the paged latent KV cache"));
+  m.cache = static_cast<uint16_t*>(m.alloc(size_t(c.num_hidden_layers * rows * m.D) * 2, "the latent KV cache"));
   m.cap = rows;
   m.bt = block_tokens;
   m.n_blocks = n_blocks;
   m.size = 0;
-  m.paged = true;
+  ++m.buf_gen;  // captured graphs read the old cache
 }
 
-void CudaTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) {
+void CudaTarget::keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const {
   Impl& m = *impl_;
-  const ModelConfig& c = m.cfg;
-  if (!m.paged) fail("forward_batch: call use_paged_kv first (this target holds one sequence's cache)");
-  if (seqs.empty()) return;
-  Impl::Staged st;
-  const std::vector<int32_t>* taps_of = nullptr;
-  for (size_t sq = 0; sq < seqs.size(); ++sq) {
-    const SeqForward& f = seqs[sq];
-    const ForwardArgs& a = f.args;
-    if (a.form == AttnForm::expanded)
-      fail("the CUDA backend runs the absorbed MLA form only (it computes the same function)");
-    if (f.kv.block_tokens != m.bt || f.kv.blocks.empty())
-      fail("forward_batch: sequence ", sq, "'s KV view is not a block table of this target's ", m.bt, "-row blocks");
-    if (a.taps) {
-      if (!a.tap_layers || a.tap_layers->empty()) fail("forward_batch: taps asked without tap layers");
-      if (taps_of && *taps_of != *a.tap_layers) fail("forward_batch: sequences tap different layers");
-      taps_of = a.tap_layers;
-    }
-    m.stage_seq(st, a.ids, a.n, a.positions, a.visibility, f.start, f.kv.blocks.data(), int64_t(f.kv.blocks.size()),
-                a.all_logits, a.logits != nullptr);
-  }
-  const int64_t n = st.n, n_logits = int64_t(st.lrows.size());
-  if (st.max_keys > cuda::mla_max_keys(c.kv_lora_rank, c.qk_rope_head_dim))
-    fail("forward_batch: a row attends to ", st.max_keys, " keys, beyond the CUDA attention's limit of ",
-         cuda::mla_max_keys(c.kv_lora_rank, c.qk_rope_head_dim));
-  m.upload(st);
-  float* taps_dev = nullptr;
-  const int64_t n_taps = taps_of ? int64_t(taps_of->size()) : 0;
-  if (taps_of) {
-    for (int32_t t : *taps_of)
-      if (t < 0 || t >= c.num_hidden_layers) fail("tap layer ", t, " is outside [0, ", c.num_hidden_layers, ")");
-    if (m.taps_cap < n * n_taps * c.hidden_size) {
-      check(cudaStreamSynchronize(m.stream), "taps");
-      m.release(m.taps);
-      m.taps = static_cast<float*>(m.alloc(size_t(n * n_taps * c.hidden_size) * 4, "taps"));
-      m.taps_cap = n * n_taps * c.hidden_size;
-    }
-    taps_dev = m.taps;
-  }
-  m.run(n, int64_t(st.tables.size()), st.max_keys, n_logits, taps_of, taps_dev);
-  // All logit rows come down in one copy into pinned memory (pageable copies of 655 KB a row for
-  // K2 ran at a few GB/s, one per sequence), then to each sequence's buffer on the host; each
-  // sequence's logits are consecutive staged logit rows, its taps consecutive batch rows.
-  const int64_t V = c.vocab_size;
-  if (n_logits > m.h_logits_cap) {
-    if (m.h_logits) cudaFreeHost(m.h_logits);
-    m.h_logits = nullptr;
-    m.h_logits_cap = 0;
-    check(cudaMallocHost(reinterpret_cast<void**>(&m.h_logits), size_t(n_logits * V) * 4), "cudaMallocHost (logits)");
-    m.h_logits_cap = n_logits;
-  }
-  if (n_logits)
-    check(cudaMemcpyAsync(m.h_logits, m.logits, size_t(n_logits * V) * 4, cudaMemcpyDeviceToHost, m.stream), "download logits");
-  int64_t row = 0;
-  for (const SeqForward& f : seqs) {
-    const ForwardArgs& a = f.args;
-    if (a.taps)
-      check(cudaMemcpyAsync(a.taps, taps_dev + row * n_taps * c.hidden_size, size_t(a.n * n_taps * c.hidden_size) * 4,
-                            cudaMemcpyDeviceToHost, m.stream),
-            "download taps");
-    row += a.n;
-  }
-  std::vector<int32_t> distinct(static_cast<size_t>(c.num_hidden_layers), 0);
-  if (stats)
-    check(cudaMemcpyAsync(distinct.data(), m.active_log, distinct.size() * 4, cudaMemcpyDeviceToHost, m.stream), "download counts");
-  check(cudaStreamSynchronize(m.stream), "forward_batch");
-  std::vector<std::pair<float*, int64_t>> dst;  // (sequence buffer, first staged logit row)
-  int64_t lrow = 0;
-  for (const SeqForward& f : seqs)
-    if (f.args.logits) {
-      dst.push_back({f.args.logits, lrow});
-      lrow += f.args.all_logits ? f.args.n : 1;
-    }
-  ThreadPool::global().parallel_for(int64_t(dst.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t end = k + 1 < int64_t(dst.size()) ? dst[size_t(k + 1)].second : lrow;
-      std::memcpy(dst[size_t(k)].first, m.h_logits + dst[size_t(k)].second * V, size_t((end - dst[size_t(k)].second) * V) * 4);
-    }
-  });
-  if (stats) stats->weight_bytes += m.weight_bytes_of(n, &distinct, n_logits);
-}
-
-void CudaTarget::move_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) {
-  Impl& m = *impl_;
-  if (!m.paged) fail("move_rows: call use_paged_kv first");
-  if (kv.block_tokens != m.bt) fail("move_rows: the KV view's blocks are not this target's");
+  if (kv.block_tokens != m.bt) fail("KV compaction: the KV view's blocks are not this target's");
   std::vector<int32_t> src, dst;
   for (size_t k = 0; k < path.size(); ++k) {
     if (path[k] < int32_t(k) || (k > 0 && path[k] <= path[k - 1]))
@@ -654,10 +690,10 @@ double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
   Impl& m = *impl_;
   m.size = 0;
   const int64_t n = int64_t(prompt.size());
-  m.upload_inputs(prompt.data(), n, nullptr, nullptr, false, true);
+  m.upload_own(prompt.data(), n, nullptr, nullptr, false, true, false);
   check(cudaStreamSynchronize(m.stream), "upload");
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, 1, n, 1, nullptr, nullptr);
+  m.run(n, m.staged_vis, n, 1, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
   m.size = n;
@@ -665,7 +701,7 @@ double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
 }
 
 void CudaTarget::Impl::decode_step() {
-  // n = 1: in = [id | position | cnt | start | tab | wrow | base | voff | logit row | table | vis];
+  // n = 1: in = [id | position | cnt | start | tab | wrow | base | voff | logit row | vis | table];
   // one contiguous block, so the new row's cache row is its position.
   int32_t* start = in + 3;
   cuda::single_step_setup(in + 1, in + 2, in + 5, start, stream);
@@ -677,7 +713,7 @@ void CudaTarget::Impl::decode_step() {
 std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t steps, bool graph) {
   Impl& m = *impl_;
   if (m.size + steps > m.cap) fail("decode benchmark: ", m.size, " + ", steps, " rows exceed the cache (", m.cap, ")");
-  m.upload_inputs(&first_token, 1, nullptr, nullptr, false, true);
+  m.upload_own(&first_token, 1, nullptr, nullptr, false, true, false);
   check(cudaStreamSynchronize(m.stream), "upload token");
   cudaGraph_t g = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -720,20 +756,20 @@ double CudaTarget::timed_verify_ms(const std::vector<int32_t>& ids, const std::v
   Impl& m = *impl_;
   const int64_t n = int64_t(ids.size());
   if (int64_t(positions.size()) != n || int64_t(visibility.size()) != n * n) fail("verify benchmark: inconsistent tree arrays");
-  const int64_t start = m.upload_inputs(ids.data(), n, positions.data(), visibility.data(), true, true);
+  const int64_t start = m.upload_own(ids.data(), n, positions.data(), visibility.data(), true, true, graph);
   check(cudaStreamSynchronize(m.stream), "upload");
-  // graph: the path a DDTree round takes (forward_impl → run_graphed, one graph per tree size): the
+  // graph: the path a DDTree round takes (forward_seqs → run_graphed, one graph per tree size): the
   // shape's first forward launches, its second is captured; both happen here, untimed, on the
   // shape's first call only (a key list beyond the kernel's bound never captures: two launches).
   if (graph)
-    for (int warm = 0; warm < 2 && !m.graph_captured(n, true, true); ++warm) m.run_graphed(n, start + n, true, true, nullptr, nullptr);
+    for (int warm = 0; warm < 2 && !m.graph_captured(n, n); ++warm) m.run_graphed(n, start + n, n, nullptr, nullptr);
   const std::string range = "verify " + std::to_string(n - 1) + (graph ? " graph" : " launches");
   nvtxRangePushA(range.c_str());  // `ncu --nvtx --nvtx-include "verify 16 graph/"` profiles one shape
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
   if (graph)
-    m.run_graphed(n, start + n, true, true, nullptr, nullptr);
+    m.run_graphed(n, start + n, n, nullptr, nullptr);
   else
-    m.run(n, 1, start + n, n, nullptr, nullptr);
+    m.run(n, m.staged_vis, start + n, n, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = m.elapsed_ms();
   nvtxRangePop();

@@ -39,12 +39,11 @@ struct CudaTarget::Impl {
   float* final_norm = nullptr;
   float* inv_freq = nullptr;
   std::vector<DevLayer> layers;
-  // Latent cache, bf16 [layers][cap][D], cap = n_blocks × bt rows a layer. A single sequence
-  // (forward / compact) uses it as one block (bt = cap) and commits `size` rows; the serving
-  // engine (forward_batch) lends blocks of bt rows through block tables (paged = true).
+  // Latent cache, bf16 [layers][cap][D], cap = n_blocks × bt rows a layer, lent by the caller
+  // through block tables (init_kv). CudaTarget(model, max_tokens) makes it one block (bt = cap) that
+  // the single-sequence convenience (forward / compact) uses, committing `size` rows.
   uint16_t* cache = nullptr;
   int64_t cap = 0, size = 0, D = 0, bt = 0, n_blocks = 1;
-  bool paged = false;
   float rope_scaling = 1.0f, softmax_scale = 1.0f;
   cudaStream_t stream = nullptr;
   cudaStream_t side = nullptr;  // independent work of a layer (kv path, shared experts) runs here
@@ -58,12 +57,21 @@ struct CudaTarget::Impl {
   int8_t* xq = nullptr;  // the routed experts' x as digits (cuda::expert_digit_bytes), gate/up or down
   uint16_t* xunit = nullptr;  // bf16 units of the digits
   // A forward's inputs, one upload: ids | positions | KeyLists (cnt | start | tab | wrow | base |
-  // voff) | logit rows, n each, then the block tables (nt) and the visible lists (Staged::pack).
+  // voff) | logit rows, n each, then the visible lists in vcap slots (n² for a graphed shape, so
+  // that the tables behind them sit at the same place every replay), then the block tables.
   int32_t* in = nullptr;
   int32_t *chosen = nullptr, *entry_token = nullptr, *entry_slot = nullptr, *n_active = nullptr;
   int32_t *act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr, *keep = nullptr, *active_log = nullptr;
   int64_t keep_cap = 0;
   int32_t* h_in = nullptr;  // pinned staging of `in`
+  // Argmax outputs: device [ids am_cap | values am_cap], pinned mirror; the last forward's first
+  // logit row per sequence (logits_row) and its number of logit rows.
+  int32_t* am_dev = nullptr;
+  int32_t* am_host = nullptr;
+  int64_t am_cap = 0;
+  std::vector<int64_t> last_lrow0;
+  int64_t last_lrows = 0;
+  int64_t staged_vis = 0;  // visible-list entries of the last upload_own
   float* h_logits = nullptr;  // pinned [h_logits_cap, vocab]: forward_batch's logits come down in one copy
   int64_t h_logits_cap = 0;
 
@@ -83,13 +91,14 @@ struct CudaTarget::Impl {
   // path's bits. Captured against the work buffers of the time: when ensure_rows reallocates them
   // (graph_gen != buf_gen) or the taps buffer moves, the graphs are recaptured.
   struct Graph {
-    int64_t n = 0;
-    bool all_logits = false, want_logits = false;
+    int64_t n = 0, n_logits = 0;
     std::vector<int32_t> tap_layers;
     float* taps_dev = nullptr;
     cudaGraphExec_t exec = nullptr;
   };
   bool graphs = true;
+  bool device_outputs = true;  // device_argmax() / device_taps()
+  static constexpr int64_t kGraphRows = 64;  // batches of at most this many rows replay graphs
   std::vector<Graph> graph_cache;
   uint64_t buf_gen = 0, graph_gen = 0;  // bumped when a work buffer moves / the one graphs were captured at
   int64_t graph_keys = 0;
@@ -105,20 +114,24 @@ struct CudaTarget::Impl {
   // table[b]·bt …), ids/positions/visibility as ForwardArgs, which rows' logits to return.
   void stage_seq(Staged& st, const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility,
                  int64_t start, const int32_t* table, int64_t n_table, bool all_logits, bool want_logits) const;
-  void upload(const Staged& st);  // packs st into `in` (one async copy on the stream)
-  int64_t upload_inputs(const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility,
-                        bool all_logits, bool want_logits);  // single sequence; returns its start
-  // One forward over the n rows staged in `in` with nt block-table entries; max_keys bounds every
+  void upload(const Staged& st, int64_t vcap);  // packs st into `in` (one async copy on the stream)
+  // The single sequence of the one-block cache as a batch entry (its start: size).
+  SeqForward own_sequence(const ForwardArgs& a) const;
+  // Stages and uploads the own sequence's rows (the bench paths); returns its start.
+  int64_t upload_own(const int32_t* ids, int64_t n, const int32_t* positions, const uint8_t* visibility, bool all_logits,
+                     bool want_logits, bool graphed);
+  // The forward of model/target.h (CudaTarget::forward_batch and the single-sequence forwards).
+  void forward_seqs(const std::vector<SeqForward>& seqs, ForwardStats* stats);
+  // One forward over the n rows staged in `in` (visible lists in vcap slots); max_keys bounds every
   // row's key count (attention's smem); n_logits rows (the staged logit rows) get logits.
-  void run(int64_t n, int64_t nt, int64_t max_keys, int64_t n_logits, const std::vector<int32_t>* tap_layers,
+  void run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_logits, const std::vector<int32_t>* tap_layers,
            float* taps_dev);
-  // run(n, 1, keys, …) of a single sequence by replaying the graph of this shape (captured on
-  // first use); keys beyond graph_keys (or a full cache) fall back to launching.
-  void run_graphed(int64_t n, int64_t keys, bool all_logits, bool want_logits, const std::vector<int32_t>* tap_layers,
-                   float* taps_dev);
+  // run(n, n², keys, …) by replaying the graph of this shape (captured on its second use); keys
+  // beyond graph_keys fall back to launching. The inputs must have been uploaded with vcap = n².
+  void run_graphed(int64_t n, int64_t keys, int64_t n_logits, const std::vector<int32_t>* tap_layers, float* taps_dev);
   void drop_graphs();
-  // Whether run_graphed(n, …) without taps would replay a captured graph now.
-  bool graph_captured(int64_t n, bool all_logits, bool want_logits) const;
+  // Whether run_graphed(n, …, n_logits) without taps would replay a captured graph now.
+  bool graph_captured(int64_t n, int64_t n_logits) const;
   // Cache rows src[k] → dst[k] of every layer, in k order (DDTree compaction; queued, no sync).
   void copy_rows(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   void decode_step();  // n = 1, causal, inputs and start on the device; the argmax becomes the next id
@@ -126,10 +139,5 @@ struct CudaTarget::Impl {
   double elapsed_ms();
   void finish_layer_bytes();
 };
-
-// CudaTarget::forward's body (cuda_target.cpp); device_taps: see forward_device_taps; device_logits:
-// the logits stay in m.logits and nothing waits (cuda_generate.cpp's device picks).
-const float* forward_impl(CudaTarget::Impl& m, const ForwardArgs& a, bool device_taps, bool device_logits,
-                          std::vector<int32_t>* distinct);
 
 }  // namespace kd

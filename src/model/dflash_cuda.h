@@ -44,7 +44,8 @@ class CudaDFlash : public Drafter {
   // Context features from device taps [rows, taps, hidden]: rows = null → rows 0 … n − 1 in order;
   // else rows[0 … n) (host indices into taps, e.g. a DDTree path). Queued on the target's stream;
   // no host sync.
-  void append_context_device(const float* taps_dev, int64_t n, const int32_t* rows);
+  bool takes_device_taps() const override { return true; }
+  void append_context_device(const float* taps_dev, int64_t n, const int32_t* rows) override;
   void reset();  // empties the context (a new sequence)
 
   struct Impl;

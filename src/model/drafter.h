@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace kd {
 
 struct DraftTopK;  // sample/top_k.h
@@ -29,6 +31,14 @@ class Drafter {
   virtual bool top_k_on_device(int32_t bonus, int64_t start, int64_t L, int64_t k, DraftTopK& out) {
     (void)bonus, (void)start, (void)L, (void)k, (void)out;
     return false;
+  }
+  // Optional, for drafters on the target's device: append_context from taps where the target's
+  // forward left them (ForwardArgs::device_taps, [·, tap_layers, hidden] fp32): rows[k] of
+  // taps_dev for k < n (rows null → rows 0 … n − 1), so taps never come to the host.
+  virtual bool takes_device_taps() const { return false; }
+  virtual void append_context_device(const float* taps_dev, int64_t n, const int32_t* rows) {
+    (void)taps_dev, (void)n, (void)rows;
+    fail("the ", name(), " drafter takes its taps on the host");
   }
 };
 

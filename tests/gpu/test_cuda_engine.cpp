@@ -1,6 +1,6 @@
-// The serving engine on the GPU (Engine over cuda_engine_target): paged latent KV in the device
+// The serving engine on the GPU (Engine over the CudaTarget): paged latent KV in the device
 // cache, every running sequence in one CudaTarget::forward_batch. Each request's tokens and logits
-// must be bit-identical to generate_ar_cuda on a single-sequence CudaTarget (and, with a drafter,
+// must be bit-identical to generate_ar on a single-sequence CudaTarget (and, with a drafter,
 // DDTree in the engine == AR): alone, in a batch of 16, with small prefill chunks mixed with decode
 // rows, small KV blocks, after prefix-cache hits — the row invariance of the CUDA kernels (a row's
 // reductions depend on its key list alone, whatever block the keys sit in) is what makes it hold.
@@ -19,8 +19,7 @@
 #include <vector>
 
 #include "model/dflash_cuda.h"
-#include "backend/cuda/cuda_engine_target.h"
-#include "backend/cuda/cuda_generate.h"
+#include "engine/generate.h"
 #include "model/deepseek_v3_cuda.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -83,11 +82,11 @@ std::vector<Case> cases_for(const ModelConfig& c, int n) {
   return cs;
 }
 
-// generate_ar_cuda on its own single-sequence target: the reference every engine output must equal.
+// generate_ar on its own single-sequence target: the reference every engine output must equal.
 std::vector<GenerateResult> reference(const DeepseekV3& m, const std::vector<Case>& cases) {
   CudaTarget single(m, 256);
   std::vector<GenerateResult> out;
-  for (const Case& c : cases) out.push_back(generate_ar_cuda(single, c.prompt, c.gen));
+  for (const Case& c : cases) out.push_back(generate_ar(single, c.prompt, c.gen));
   return out;
 }
 
@@ -103,7 +102,7 @@ void expect_equal(const Got& got, const GenerateResult& ar, const std::string& w
 std::vector<Got> run_engine(const DeepseekV3& m, const EngineOptions& opt, const std::vector<Case>& cases, int rounds = 1,
                             EngineMetrics* metrics = nullptr) {
   CudaTarget gpu(m, 1);
-  std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+  const Target* t = &gpu;
   Sink sink;
   std::vector<Got> out;
   {
@@ -176,7 +175,7 @@ TEST(CudaEngine, NextTurnReusesTheAnswerBitwise) {
   t1.gen.ignore_eos = true;
   t1.gen.keep_logits = true;
   CudaTarget gpu(m, 1);
-  std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+  const Target* t = &gpu;
   EngineOptions opt;
   opt.context = 256;
   opt.kv_block = 4;
@@ -209,7 +208,7 @@ TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
   const std::vector<GenerateResult> ref = reference(m, cases);
   for (bool chain : {false, true}) {
     CudaTarget gpu(m, 1);
-    std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+    const Target* t = &gpu;
     EngineOptions opt;
     opt.n_parallel = 6;
     opt.context = 256;
@@ -239,7 +238,7 @@ TEST(CudaEngine, RefusesWhatTheDeviceCannotDo) {
   REQUIRE_GPU();
   const DeepseekV3& m = model_of("k2-bf16");
   CudaTarget gpu(m, 1);
-  std::unique_ptr<EngineTarget> t = cuda_engine_target(gpu);
+  const Target* t = &gpu;
   EngineOptions opt;
   opt.context = 64;
   Engine eng(*t, opt);

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_generate.h"
+#include "engine/generate.h"
 #include "model/deepseek_v3_cuda.h"
 #include "core/dtype.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
-#include "decode/ar.h"
+#include "engine/generate.h"
 #include "sample/sampler.h"
 #include "decode/synthetic_drafter.h"
 #include "gpu_test_util.h"
@@ -133,7 +133,7 @@ TEST_P(CudaFixture, GreedyTokensMatchCpuOver64Steps) {
   for (int64_t plen : {7, 3}) {
     const std::vector<int32_t> prompt = prompt_for(c, plen);
     CudaTarget gpu_target(model, 128);
-    const GenerateResult gpu = generate_ar_cuda(gpu_target, prompt, g);
+    const GenerateResult gpu = generate_ar(gpu_target, prompt, g);
     ASSERT_EQ(int64_t(gpu.output_ids.size()), steps);
 
     // Two CPU references: as it stands (fp32 latent cache), and with the cache rounded to bf16 as
@@ -277,14 +277,14 @@ TEST_P(CudaFixture, DdtreeEqualsArBitwiseOnGpu) {
     g.sampling.temperature = temp;
     g.sampling.seed = 3;
     CudaTarget t(model, 128);
-    const GenerateResult ar = generate_ar_cuda(t, prompt, g);
+    const GenerateResult ar = generate_ar(t, prompt, g);
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
     for (int64_t budget : {1, 4, 16}) {
       SyntheticDrafter d(truth, {0.6, 0.2}, 6, c.vocab_size, 9);
       SpecOptions so;
       so.budget = budget;
-      const SpecResult sr = generate_ddtree_cuda(t, d, prompt, g, so);
+      const SpecResult sr = generate_ddtree(t, d, prompt, g, so);
       EXPECT_EQ(sr.gen.output_ids, ar.output_ids) << GetParam() << " T=" << temp << " budget " << budget;
       ASSERT_EQ(sr.gen.logits.size(), ar.logits.size());
       EXPECT_EQ(0, std::memcmp(sr.gen.logits.data(), ar.logits.data(), ar.logits.size() * 4))
@@ -315,8 +315,8 @@ TEST_P(CudaFixture, DecodeGraphEqualsLaunchesBitwise) {
       g.sampling.temperature = temp;
       g.sampling.seed = 5;
       const std::vector<int32_t> prompt = prompt_for(c, plen);
-      const GenerateResult a = generate_ar_cuda(graphed, prompt, g);
-      const GenerateResult b = generate_ar_cuda(launched, prompt, g);
+      const GenerateResult a = generate_ar(graphed, prompt, g);
+      const GenerateResult b = generate_ar(launched, prompt, g);
       ASSERT_EQ(int64_t(a.output_ids.size()), 24);
       EXPECT_EQ(a.output_ids, b.output_ids) << GetParam() << " T=" << temp << " prompt " << plen;
       ASSERT_EQ(a.logits.size(), b.logits.size());
@@ -341,15 +341,15 @@ TEST_P(CudaFixture, VerifyGraphsEqualLaunchesBitwise) {
   g.sampling.seed = 7;
   CudaTarget graphed(model, 128), launched(model, 128);
   launched.set_graphs(false);
-  const GenerateResult ar = generate_ar_cuda(launched, prompt, g);
+  const GenerateResult ar = generate_ar(launched, prompt, g);
   std::vector<int32_t> truth = prompt;
   truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
   for (int64_t budget : {1, 5, 16}) {
     SpecOptions so;
     so.budget = budget;
     SyntheticDrafter da(truth, {0.5, 0.2}, 6, c.vocab_size, 11), db(truth, {0.5, 0.2}, 6, c.vocab_size, 11);
-    const SpecResult a = generate_ddtree_cuda(graphed, da, prompt, g, so);
-    const SpecResult b = generate_ddtree_cuda(launched, db, prompt, g, so);
+    const SpecResult a = generate_ddtree(graphed, da, prompt, g, so);
+    const SpecResult b = generate_ddtree(launched, db, prompt, g, so);
     EXPECT_EQ(a.gen.output_ids, b.gen.output_ids) << GetParam() << " budget " << budget;
     EXPECT_EQ(a.gen.output_ids, ar.output_ids) << GetParam() << " budget " << budget;
     EXPECT_EQ(a.stats.accepted, b.stats.accepted) << GetParam() << " budget " << budget;

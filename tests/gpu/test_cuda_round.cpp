@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "model/dflash_cuda.h"
-#include "backend/cuda/cuda_generate.h"
+#include "engine/generate.h"
 #include "model/deepseek_v3_cuda.h"
 #include "backend/cuda/draft_top_k.h"
 #include "core/error.h"
@@ -290,9 +290,13 @@ PathRun both_paths(CudaTarget& t, MakeDrafter make, const std::vector<int32_t>& 
                    const SpecOptions& so) {
   PathRun r;
   auto d1 = make();
-  r.on = generate_ddtree_cuda(t, *d1, prompt, go, so);
+  r.on = generate_ddtree(t, *d1, prompt, go, so);
   auto d2 = make();
-  r.off = generate_ddtree_cuda(t, *d2, prompt, go, so, {}, CudaRoundOptions{false, false});
+  SpecOptions host = so;
+  host.device_top_k = false;
+  t.set_device_outputs(false);
+  r.off = generate_ddtree(t, *d2, prompt, go, host);
+  t.set_device_outputs(true);
   return r;
 }
 
@@ -336,7 +340,7 @@ TEST(CudaRound, DevicePathsEqualHostPathsAndAr) {
         go.keep_logits = keep;
         go.sampling.temperature = temp;
         go.sampling.seed = 3;
-        const GenerateResult ar = generate_ar_cuda(t, prompt, go);
+        const GenerateResult ar = generate_ar(t, prompt, go);
         std::vector<int32_t> truth = prompt;
         truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
         for (int64_t budget : {0, 1, 4, 16}) {  // 0: the DFlash chain
@@ -377,10 +381,12 @@ TEST(CudaRound, ArDevicePickEqualsHostPick) {
       GenerateOptions go;
       go.max_new_tokens = 30;
       go.ignore_eos = true;
-      const GenerateResult on = generate_ar_cuda(t, prompt, go);
-      const GenerateResult off = generate_ar_cuda(t, prompt, go, {}, CudaRoundOptions{true, false});
+      const GenerateResult on = generate_ar(t, prompt, go);
+      t.set_device_outputs(false);
+      const GenerateResult off = generate_ar(t, prompt, go);
+      t.set_device_outputs(true);
       go.keep_logits = true;  // the host path whatever the option: an independent second reference
-      const GenerateResult kept = generate_ar_cuda(t, prompt, go);
+      const GenerateResult kept = generate_ar(t, prompt, go);
       EXPECT_EQ(on.output_ids, off.output_ids) << target << " graphs " << graphs;
       EXPECT_EQ(on.output_ids, kept.output_ids) << target << " graphs " << graphs;
       EXPECT_EQ(on.finish_reason, off.finish_reason);
@@ -402,10 +408,10 @@ TEST(CudaRound, StopIdInsideAnAcceptedPath) {
   GenerateOptions go;
   go.max_new_tokens = 32;
   go.keep_logits = true;
-  const GenerateResult full = generate_ar_cuda(t, prompt, go);
+  const GenerateResult full = generate_ar(t, prompt, go);
   ASSERT_GE(full.output_ids.size(), size_t(12));
   go.stop_ids = {full.output_ids[9]};
-  const GenerateResult ar = generate_ar_cuda(t, prompt, go);
+  const GenerateResult ar = generate_ar(t, prompt, go);
   ASSERT_EQ(ar.finish_reason, "stop");
   std::vector<int32_t> truth = prompt;
   truth.insert(truth.end(), full.output_ids.begin(), full.output_ids.end());

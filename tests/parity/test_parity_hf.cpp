@@ -18,7 +18,7 @@
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "model/deepseek_v3.h"
-#include "decode/ar.h"
+#include "engine/generate.h"
 
 namespace kd {
 namespace {

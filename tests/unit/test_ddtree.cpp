@@ -10,8 +10,7 @@
 #include "decode/synthetic_drafter.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
-#include "decode/ar.h"
-#include "decode/ddtree.h"
+#include "engine/generate.h"
 
 namespace kd {
 namespace {

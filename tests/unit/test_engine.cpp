@@ -14,6 +14,8 @@
 
 #include "decode/synthetic_drafter.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
+#include "model/deepseek_v3.h"
 #include "engine_sink.h"
 #include "core/log.h"
 #include "io/checkpoint.h"

@@ -1,0 +1,67 @@
+// What a generation request asks for and what it gives back, shared by the one decode loop (the
+// engine's step, src/engine/) and its callers: the options, the request checks, the results and
+// DDTree's statistics. The AR reference and DDTree both run in that loop; DDTree's output equals
+// AR's token for token: the token at absolute position p is sample(logits, position_uniform(seed,
+// seq_id, p)) either way, never a function of call order, and the verify pass reproduces the AR
+// logits bit for bit (row invariance).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "decode/tree.h"  // kMaxTreeBudget
+#include "model/target.h"
+#include "sample/sampler.h"
+
+namespace kd {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 32;
+  SamplingParams sampling;
+  uint64_t seq_id = 0;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_ids;   // the config's EOS ids unless the caller overrides
+  bool keep_logits = false;        // fill GenerateResult::logits (for --dump-logits and tests)
+  AttnForm decode_form = AttnForm::absorbed;
+  int64_t context = 0;             // 0 → the model's max_position_embeddings
+};
+
+struct GenerateResult {
+  std::vector<int32_t> output_ids;
+  std::string finish_reason;       // "stop" (a stop id, included in output_ids) or "length"
+  std::vector<float> logits;       // [output_ids.size(), vocab]: the logits each token was drawn from
+  double prefill_ms = 0, decode_ms = 0;
+  int64_t n_prompt = 0, n_target_forwards = 0;  // forwards run: the prefill plus one per decode step
+  uint64_t prefill_weight_bytes = 0, decode_weight_bytes = 0;
+};
+
+// Checks a generation request (sampling parameters, a non-empty prompt of in-vocabulary ids that
+// leaves room in the context) and returns its limits; shared by every decoder.
+struct GenerationLimits {
+  int64_t ctx = 0, n_prompt = 0, n_max = 0;  // context, prompt length, tokens that may be generated
+};
+GenerationLimits check_generation(const ModelConfig& c, const std::vector<int32_t>& prompt, const GenerateOptions& opt);
+
+struct SpecOptions {
+  bool chain = false;   // DFlash: verify the top-1 chain instead of a tree
+  int64_t budget = 16;  // tree nodes per round, root excluded (ignored in chain mode)
+  // A drafter on a device hands back the tree builder's top-k from there (Drafter::top_k_on_device,
+  // the same tree bit for bit); false: its logits come to the host (the tests' reference).
+  bool device_top_k = true;
+};
+
+struct SpecStats {
+  int64_t rounds = 0, target_forwards = 0;
+  int64_t drafted = 0;                   // tree nodes verified, root excluded
+  int64_t accepted = 0;                  // drafted tokens the target confirmed
+  std::vector<int64_t> tau_histogram;    // [block + 1]: rounds whose τ (accepted + 1) was i
+  double draft_ms = 0, verify_ms = 0, prefill_ms = 0;
+  double mean_tau() const { return rounds ? double(accepted + rounds) / double(rounds) : 0.0; }
+};
+
+struct SpecResult {
+  GenerateResult gen;  // output ids, finish reason, timings (decode_ms covers all rounds)
+  SpecStats stats;
+};
+
+}  // namespace kd
