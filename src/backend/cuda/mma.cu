@@ -1,7 +1,8 @@
 // Tensor-core path (mma.sync m16n8k16, bf16 × bf16 → fp32) of cuda::linear for bf16 weights of
 // ≥ LinearConfig::mma_min_rows rows. It serves every M of such a matrix, 1 included, so a row's bits
-// never depend on the batch (DESIGN.md §2). Its tile table is kernel_config.h's kMmaTiles. (INT4 experts: expert_imma.cu; a bf16-MMA expert kernel that
-// lived here was removed once the integer one beat it at every batch — docs/perf.md.)
+// never depend on the batch (DESIGN.md §2). Its tile table is kernel_config.h's kMmaTiles. (INT4
+// experts: expert_imma.cu; a bf16-MMA expert kernel that lived here was removed once the integer one
+// beat it at every batch, and the tiles the sweeps did not ship in issue 13 — docs/perf.md.)
 //
 // Orientation: the MMA's 16 "rows" are 16 weight rows (outputs), its 8 "columns" are 8 token rows,
 // D[16 × 8] = W[16 × k16] · xᵀ[k16 × 8]. The k16 step's 16 positions are a fixed permutation of the
