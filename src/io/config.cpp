@@ -126,6 +126,53 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
   return out;
 }
 
+RopeParams parse_rope(const json& config, const std::string& label) {
+  JsonFields r{config, label};
+  RopeParams out;
+  // ln θ divides the YaRN ramp, so θ must exceed 1.
+  constexpr double kThetaLo = 1.0 + 1e-6, kThetaHi = 1e12;
+  out.theta = r.number("rope_theta", kThetaLo, kThetaHi, 10000.0);
+  const char* key = r.get("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  const json* rs = r.get(key);
+  if (!rs) return out;
+  if (!rs->is_object()) fail(label, ": ", key, " must be an object or null");
+  JsonFields y{*rs, cat(label, ": ", key)};
+  if (!r.get("rope_theta")) out.theta = y.number("rope_theta", kThetaLo, kThetaHi, out.theta);
+  const std::string rope_type = y.string_or("rope_type", ""), type = y.string_or("type", "");
+  if (!rope_type.empty() && !type.empty() && rope_type != type)
+    fail(label, ": ", key, ".rope_type \"", escaped_excerpt(rope_type), "\" and .type \"", escaped_excerpt(type),
+         "\" disagree");
+  const std::string t = rope_type.empty() ? type : rope_type;
+  if (t == "yarn" || t == "deepseek_yarn") {
+    RopeScaling& s = out.scaling;
+    s.yarn = true;
+    s.factor = y.number("factor", 1.0, 1e6);
+    s.beta_fast = y.number("beta_fast", 1e-6, 1e6, 32.0);
+    s.beta_slow = y.number("beta_slow", 1e-6, 1e6, 1.0);
+    s.mscale = y.number("mscale", 0.0, 1e3, 1.0);
+    s.mscale_all_dim = y.number("mscale_all_dim", 0.0, 1e3, 0.0);
+    s.original_max_position_embeddings = y.integer("original_max_position_embeddings", 1, int64_t(1) << 30);
+    if (const json* tr = y.get("truncate"); tr && *tr != true) fail(label, ": ", key, ".truncate = false is not supported");
+    if (y.get("attention_factor")) s.attention_factor = y.number("attention_factor", 1e-6, 1e3);
+  } else if (!t.empty() && t != "default") {
+    fail(label, ": ", key, " type \"", escaped_excerpt(t), "\" is not supported (only \"yarn\", or none)");
+  }
+  return out;
+}
+
+nlohmann::ordered_json rope_scaling_json(const RopeScaling& r) {
+  if (!r.yarn) return nullptr;
+  nlohmann::ordered_json j = {{"rope_type", "yarn"},
+                              {"factor", r.factor},
+                              {"beta_fast", r.beta_fast},
+                              {"beta_slow", r.beta_slow},
+                              {"mscale", r.mscale},
+                              {"mscale_all_dim", r.mscale_all_dim},
+                              {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  if (r.attention_factor) j["attention_factor"] = *r.attention_factor;
+  return j;
+}
+
 namespace {
 ModelConfig parse_model_config_impl(const std::string& json_text, const std::string& label) {
   json root = parse_json(json_text, label);
@@ -179,7 +226,6 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
   c.routed_scaling_factor = r.number("routed_scaling_factor", 0.0, 1e6, 1.0);
   c.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
   c.rms_norm_eps = r.number("rms_norm_eps", 0.0, 1.0, 1e-6);
-  c.rope_theta = r.number("rope_theta", 1.0 + 1e-6, 1e12, 10000.0);  // ln θ divides the YaRN ramp
   c.max_position_embeddings = r.integer("max_position_embeddings", 1, int64_t(1) << 30);
   if (std::string s = r.string_or("scoring_func", "sigmoid"); s != "sigmoid")
     fail(tl, ": scoring_func \"", s, "\" is not supported (only \"sigmoid\", as in DeepSeek-V3 and Kimi K2)");
@@ -191,22 +237,12 @@ ModelConfig parse_model_config_impl(const std::string& json_text, const std::str
   if (int64_t kv = r.integer("num_key_value_heads", 1, 4096, c.num_attention_heads); kv != c.num_attention_heads)
     fail(tl, ": num_key_value_heads = ", kv, " must equal num_attention_heads = ", c.num_attention_heads, " (MLA)");
 
-  if (const json* rs = r.get("rope_scaling")) {
-    if (!rs->is_object()) fail(tl, ": rope_scaling must be an object or null");
-    JsonFields y{*rs, tl + ": rope_scaling"};
-    std::string type = y.string_or("type", y.string_or("rope_type", ""));
-    if (type == "yarn" || type == "deepseek_yarn") {
-      c.rope.yarn = true;
-      c.rope.factor = y.number("factor", 1.0, 1e6);
-      c.rope.beta_fast = y.number("beta_fast", 1e-6, 1e6, 32.0);
-      c.rope.beta_slow = y.number("beta_slow", 1e-6, 1e6, 1.0);
-      c.rope.mscale = y.number("mscale", 0.0, 1e3, 1.0);
-      c.rope.mscale_all_dim = y.number("mscale_all_dim", 0.0, 1e3, 0.0);
-      c.rope.original_max_position_embeddings = y.integer("original_max_position_embeddings", 1, int64_t(1) << 30);
-      if (y.get("attention_factor")) fail(tl, ": rope_scaling.attention_factor is not supported");
-    } else if (type != "default" && !type.empty()) {
-      fail(tl, ": rope_scaling type \"", type, "\" is not supported (only \"yarn\")");
-    }
+  {
+    const RopeParams rope = parse_rope(*text, tl);
+    c.rope_theta = rope.theta;
+    c.rope = rope.scaling;
+    if (c.rope.attention_factor)
+      fail(tl, ": rope_scaling.attention_factor is not supported (the target's YaRN amplitude is the mscale ratio)");
   }
 
   c.bos_token_id = int32_t(r.integer("bos_token_id", -1, c.vocab_size - 1, -1));

@@ -3,6 +3,8 @@
 // does not implement (softmax routing, FP8 weights, q_lora_rank null, …) is refused by name.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,24 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0;
   double mscale = 1.0, mscale_all_dim = 0.0;
   int64_t original_max_position_embeddings = 4096;
+  std::optional<double> attention_factor;  // rope_scaling.attention_factor, when config.json gives one
 };
+
+// A config's RoPE: rope_theta and YaRN. The one parse of rope_scaling, for the target (config.json,
+// or its text_config) and the DFlash drafter alike. Reads rope_scaling (transformers 4), else
+// rope_parameters (transformers 5, which moves rope_theta inside); rope_theta is the top-level field,
+// else rope_parameters.rope_theta, else 10000. The type is rope_type, else type (transformers'
+// order; both given and different is an error); "yarn" and "deepseek_yarn" are YaRN, "default" or
+// none plain RoPE, anything else is refused by name, as is truncate = false. What a caller does not
+// implement (the target: attention_factor) it refuses itself. `label` names the file (and
+// text_config) in errors.
+struct RopeParams {
+  double theta = 10000.0;
+  RopeScaling scaling;
+};
+RopeParams parse_rope(const nlohmann::json& config, const std::string& label);
+// The rope_scaling object that parse_rope reads back as `r` (null for plain RoPE).
+nlohmann::ordered_json rope_scaling_json(const RopeScaling& r);
 
 // compressed-tensors pack-quantized INT4 (SPEC-MODEL.md §3): which Linear modules are INT4.
 struct QuantConfig {

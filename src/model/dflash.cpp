@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -50,36 +49,21 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   c.head_dim = r.integer("head_dim", 2, 1 << 14, c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2) fail(label, ": head_dim = ", c.head_dim, " must be even (RoPE rotates pairs)");
   c.rms_norm_eps = r.number("rms_norm_eps", 0.0, 1.0, 1e-6);
-  c.rope_theta = r.number("rope_theta", 1.0 + 1e-6, 1e12, 10000.0);  // ln θ divides the YaRN ramp
   c.max_position_embeddings = r.integer("max_position_embeddings", 1, int64_t(1) << 30, 32768);
   if (std::string s = r.string_or("hidden_act", "silu"); s != "silu")
     fail(label, ": hidden_act \"", s, "\" is not supported (only silu)");
   if (const json* b = r.get("attention_bias"); b && *b != false) fail(label, ": attention_bias = ", json_excerpt(*b), " is not supported");
 
-  // transformers 5 saves rope_parameters {rope_type, rope_theta, …} where 4.x saved rope_scaling.
-  const char* rope_key = r.get("rope_scaling") ? "rope_scaling" : "rope_parameters";
-  if (const json* rs = r.get(rope_key)) {
-    if (!rs->is_object()) fail(label, ": ", rope_key, " must be an object or null");
-    JsonFields y{*rs, cat(label, ": ", rope_key)};
-    if (!r.get("rope_theta")) c.rope_theta = y.number("rope_theta", 1.0 + 1e-6, 1e12, c.rope_theta);
-    const std::string type = y.string_or("rope_type", y.string_or("type", ""));
-    if (type == "yarn") {
-      c.rope.yarn = true;
-      c.rope.factor = y.number("factor", 1.0, 1e6);
-      c.rope.beta_fast = y.number("beta_fast", 1e-6, 1e6, 32.0);
-      c.rope.beta_slow = y.number("beta_slow", 1e-6, 1e6, 1.0);
-      c.rope.mscale = y.number("mscale", 0.0, 1e3, 1.0);
-      c.rope.mscale_all_dim = y.number("mscale_all_dim", 0.0, 1e3, 0.0);
-      c.rope.original_max_position_embeddings = y.integer("original_max_position_embeddings", 1, int64_t(1) << 30);
-      if (const json* t = y.get("truncate"); t && *t != true) fail(label, ": ", rope_key, ".truncate = false is not supported");
-      if (y.get("attention_factor")) {
-        c.rope_attention_factor = y.number("attention_factor", 1e-6, 1e3);
-        c.rope_attention_factor_explicit = true;
-      } else {
-        c.rope_attention_factor = c.rope.factor <= 1 ? 1.0 : 1.0 + 0.1 * std::log(c.rope.factor);
-      }
-    } else if (!type.empty() && type != "default") {
-      fail(label, ": ", rope_key, " type \"", type, "\" is not supported (only \"yarn\" or none)");
+  // rope_theta and YaRN: the target's parse (io/config.h), plus the drafter's own amplitude rule.
+  {
+    const RopeParams rope = parse_rope(root, label);
+    c.rope_theta = rope.theta;
+    c.rope = rope.scaling;
+    if (c.rope.yarn && c.rope.attention_factor) {
+      c.rope_attention_factor = *c.rope.attention_factor;
+      c.rope_attention_factor_explicit = true;
+    } else if (c.rope.yarn) {
+      c.rope_attention_factor = c.rope.factor <= 1 ? 1.0 : 1.0 + 0.1 * std::log(c.rope.factor);
     }
   }
 
@@ -172,7 +156,7 @@ std::vector<int64_t> default_target_layer_ids(int64_t n, int64_t k) {
   return out;
 }
 
-void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const std::string& cpath) {
+void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const std::string& cpath, bool warn) {
   // The drafter shares the target's embedding, lm_head and hidden states.
   if (c.hidden_size != target.hidden_size)
     fail(cpath, ": hidden_size = ", c.hidden_size, " differs from the target's hidden_size = ", target.hidden_size,
@@ -186,7 +170,7 @@ void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const s
     if (id >= target.num_hidden_layers)
       fail(cpath, ": dflash_config.target_layer_ids holds ", id, ", but the target has only ", target.num_hidden_layers,
            " layers (0-based indices < ", target.num_hidden_layers, ")");
-  if (c.num_target_layers && c.num_target_layers != target.num_hidden_layers)
+  if (warn && c.num_target_layers && c.num_target_layers != target.num_hidden_layers)
     log_info("warning: ", cpath, ": num_target_layers = ", c.num_target_layers, " but the target has ",
              target.num_hidden_layers, " layers: is this the drafter for this target?");
 
@@ -194,67 +178,32 @@ void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const s
 
 DFlashDrafter::~DFlashDrafter() = default;
 
-DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) : dir_(dir) {
-  if (!fs::is_directory(dir)) fail(dir, ": not a directory (expected a DFlash drafter checkpoint directory)");
+DFlashConfig load_dflash_config(const std::string& dir) {
+  if (std::error_code ec; !fs::is_directory(dir, ec)) fail(dir, ": not a directory (expected a DFlash drafter checkpoint directory)");
   const std::string cpath = dir + "/config.json";
-  cfg_ = parse_dflash_config(read_text(cpath, " (is this a DFlash drafter directory?)"), cpath);
+  return parse_dflash_config(read_text(cpath, " (is this a DFlash drafter directory?)"), cpath);
+}
+
+std::shared_ptr<const DFlashDrafter> DFlashDrafter::load(const std::string& dir, const ModelConfig& target) {
+  return std::make_shared<const DFlashDrafter>(dir, target);
+}
+
+DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) : dir_(dir) {
+  cfg_ = load_dflash_config(dir);
   const DFlashConfig& c = cfg_;
+  check_fits_target(c, target, dir + "/config.json");
 
-  check_fits_target(c, target, cpath);
-
-  // Tensors: model.safetensors, or the shards an index names (the index is authoritative).
-  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors;
-  std::string where = dir + "/model.safetensors";
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (std::error_code ec; fs::exists(index_path, ec)) {
-    where = index_path;
-    const json j = read_json_file(index_path, kMaxConfigBytes);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail(index_path, ": not a JSON object with a \"weight_map\" object");
-    std::map<std::string, const SafetensorsFile*> shards;
-    for (const auto& [name, shard_json] : j["weight_map"].items()) {
-      if (!shard_json.is_string())
-        fail(index_path, ": weight_map entry '", escaped_excerpt(name, 200), "' is not a file name");
-      const std::string shard = shard_json.get<std::string>();
-      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-        fail(index_path, ": weight_map entry '", escaped_excerpt(name, 200), "' names '", escaped_excerpt(shard, 200),
-             "', not a file in this directory");
-      auto it = shards.find(shard);
-      if (it == shards.end()) {
-        if (std::error_code shard_ec; !fs::exists(dir + "/" + shard, shard_ec))
-          fail(index_path, ": lists shard '", escaped_excerpt(shard, 200), "', which is absent from ", dir);
-        files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + shard));
-        it = shards.emplace(shard, files_.back().get()).first;
-      }
-      const TensorInfo* info = it->second->find(name);
-      if (!info)
-        fail(index_path, ": lists tensor '", escaped_excerpt(name, 200), "' in '", escaped_excerpt(shard, 200),
-             "', but that shard does not hold it");
-      tensors[name] = {it->second, info};
-    }
-  } else {
-    if (std::error_code where_ec; !fs::exists(where, where_ec)) fail(dir, ": no model.safetensors and no model.safetensors.index.json");
-    files_.push_back(std::make_unique<SafetensorsFile>(where));
-    for (const auto& t : files_.back()->tensors()) tensors[t.name] = {files_.back().get(), &t};
-  }
-
+  // Tensors: model.safetensors, or the shards an index names (io/checkpoint.h checks both).
+  shards_ = std::make_unique<ShardDir>(dir);
   auto get = [&](const std::string& name, std::vector<int64_t> shape) -> Weight {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) fail(dir, ": missing tensor '", name, "' (looked in ", where, ")");
-    const auto [file, info] = it->second;
-    if (info->dtype != DType::BF16 && info->dtype != DType::F32 && info->dtype != DType::F16)
-      fail(file->path(), ": tensor '", name, "' has dtype ", dtype_name(info->dtype), ", expected BF16/F32/F16");
-    if (info->shape != shape) {
-      TensorInfo want;
-      want.shape = shape;
-      fail(file->path(), ": tensor '", name, "' has shape ", info->shape_str(), ", expected ", want.shape_str());
-    }
+    const TensorRef& t = shards_->get(name, shape, {DType::BF16, DType::F32, DType::F16});
+    const TensorInfo* info = t.info;
     Weight w;
     w.name = name;
     w.rows = shape.size() == 2 ? shape[0] : 1;
     w.cols = shape.back();
     w.dtype = info->dtype;
-    w.data = aligned(file->data(*info), info->nbytes(), dtype_size(w.dtype), owned_);
+    w.data = aligned(t.data(), info->nbytes(), dtype_size(w.dtype), owned_);
     return w;
   };
   auto vec = [&](const std::string& name, int64_t n) {

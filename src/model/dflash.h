@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/weight.h"
+#include "io/checkpoint.h"
 #include "io/config.h"
-#include "io/safetensors.h"
 
 namespace kd {
 
@@ -56,25 +56,40 @@ DFlashConfig parse_dflash_config(const std::string& json_text, const std::string
 // instead. Needs 1 ≤ k ≤ N.
 std::vector<int64_t> default_target_layer_ids(int64_t n_target_layers, int64_t k);
 
-// Refuses a drafter config that cannot serve `target` (hidden size, vocabulary, mask id, taps),
-// naming `label` (the drafter's config.json) and the field. Reads no weights.
-void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const std::string& label);
+// DIR/config.json parsed as parse_dflash_config does; errors name the file ("not a directory",
+// "cannot open (is this a DFlash drafter directory?)", or the field). Reads no weights.
+DFlashConfig load_dflash_config(const std::string& dir);
 
+// Refuses a drafter config that cannot serve `target` (hidden size, vocabulary, mask id, taps),
+// naming `label` (the drafter's config.json) and the field. Reads no weights. `warn`: also log a
+// warning when num_target_layers differs from the target's (a load does; a per-sequence recheck not).
+void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const std::string& label, bool warn = true);
+
+// The drafter's weights and forward, loaded once: every method is const and a sequence's state is
+// its Context, so one DFlashDrafter (shared as std::shared_ptr<const DFlashDrafter>) serves every
+// sequence — the CPU Drafter (decode/dflash_drafter.h: DFlashAdapter) reads it in place and the GPU
+// drafter (model/dflash_cuda.h: CudaDFlashWeights) uploads from it, neither reading a file again.
 class DFlashDrafter {
  public:
   // Loads the drafter checkpoint directory `dir` (config.json + model.safetensors or an index with
-  // shards) and validates it against the target's config: hidden size and vocab equal, every tap
-  // < target num_hidden_layers, block_size ≥ 2, mask_token_id < vocab, every tensor's name,
-  // dtype (BF16/F32/F16) and shape. Each failure is a kd::Error naming the file and field/tensor.
-  // The drafter owns its mmaps. (It takes a directory rather than a Checkpoint because Checkpoint
-  // parses config.json as a DeepSeek-V3 config, which a Qwen3-style drafter config is not.)
+  // shards, read by io/checkpoint.h's ShardDir with all its checks) and validates it against the
+  // target's config: hidden size and vocab equal, every tap < target num_hidden_layers,
+  // block_size ≥ 2, mask_token_id < vocab, every tensor's name, dtype (BF16/F32/F16) and shape.
+  // Each failure is a kd::Error naming the file and field/tensor. The drafter owns its mmaps. (It
+  // takes a directory rather than a Checkpoint because Checkpoint parses config.json as a
+  // DeepSeek-V3 config, which a Qwen3-style drafter config is not.)
   DFlashDrafter(const std::string& dir, const ModelConfig& target);
+  // The same, shared: what a caller that builds several per-sequence drafters loads once.
+  static std::shared_ptr<const DFlashDrafter> load(const std::string& dir, const ModelConfig& target);
   ~DFlashDrafter();
   DFlashDrafter(const DFlashDrafter&) = delete;
   DFlashDrafter& operator=(const DFlashDrafter&) = delete;
 
   const DFlashConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
+  // The checkpoint's tensors (validated: every one the drafter uses has its name, dtype and shape
+  // checked), for a device upload.
+  const ShardDir& shards() const { return *shards_; }
   // Bytes of the drafter's own matrices (fc and the layers), for GB/s reports; the shared
   // embedding and lm_head are the target's.
   uint64_t weight_bytes() const;
@@ -116,7 +131,7 @@ class DFlashDrafter {
 
   std::string dir_;
   DFlashConfig cfg_;
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::unique_ptr<ShardDir> shards_;
   std::vector<std::vector<uint8_t>> owned_;  // aligned copies of tensors the file left misaligned
   Weight fc_;                        // [hidden, n_taps·hidden]
   std::vector<float> hidden_norm_;   // [hidden]

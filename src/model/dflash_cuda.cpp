@@ -6,16 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <map>
-#include <nlohmann/json.hpp>
 
 #include "model/deepseek_v3_cuda_impl.h"
 #include "backend/cuda/draft_top_k.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/untrusted.h"
-#include "io/safetensors.h"
+#include "io/checkpoint.h"
 #include "model/dflash.h"
 
 namespace kd {
@@ -31,51 +27,50 @@ struct DraftLayer {
   float *kc = nullptr, *vc = nullptr;  // context K/V fp32 [cap + B, kv_dim]; rows ≥ len: the block's
 };
 
-}  // namespace
-
-struct CudaDFlash::Impl {
-  CudaTarget::Impl& t;  // embedding, lm_head and stream are the target's
-  DFlashDrafter cpu;    // config and validation (its weights stay unused in the mmap)
-  std::vector<int32_t> taps_of;
-  std::vector<void*> allocs;
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors;
-  DevMatrix fc;
-  float *hidden_norm = nullptr, *final_norm = nullptr, *inv_freq = nullptr;
-  std::vector<DraftLayer> layers;
-  int64_t cap = 0, len = 0, ht_rows = 0;
-  // Work: x, xn, y [B, hid]; q, attn [B, q_dim]; h [B, inter]; scores [B, heads, cap + B];
-  // logits [B − 1, vocab]; ids [B]; ctx_taps/ht grow with the largest append.
-  float *x = nullptr, *xn = nullptr, *q = nullptr, *attn = nullptr, *h = nullptr, *scores = nullptr, *logits = nullptr;
-  float *ctx_taps = nullptr, *ht = nullptr;
-  int32_t* ids = nullptr;
-  DeviceDraftTopK top_k;
-
-  Impl(const std::string& dir, CudaTarget::Impl& target) : t(target), cpu(dir, target.cfg) {}
-  ~Impl() {
-    for (void* p : allocs) cudaFree(p);
+// Device memory freed with its owner.
+struct DeviceAllocs {
+  std::vector<void*> ptrs;
+  DeviceAllocs() = default;
+  DeviceAllocs(const DeviceAllocs&) = delete;
+  DeviceAllocs& operator=(const DeviceAllocs&) = delete;
+  ~DeviceAllocs() {
+    for (void* p : ptrs) cudaFree(p);
   }
   void* alloc(size_t bytes, const char* what) {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
     if (e != cudaSuccess) fail("CUDA drafter: cannot allocate ", double(bytes) / 1e6, " MB for ", what, ": ", cudaGetErrorString(e));
-    allocs.push_back(p);
+    ptrs.push_back(p);
     return p;
   }
   float* fbuf(int64_t n, const char* what) { return static_cast<float*>(alloc(size_t(n) * 4, what)); }
+};
 
-  const TensorInfo& info(const std::string& name, const SafetensorsFile** file) const {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) fail(cpu.dir(), ": missing tensor '", name, "'");  // DFlashDrafter checked it already
-    *file = it->second.first;
-    return *it->second.second;
+}  // namespace
+
+// The shared device weights (layers[].kc / vc unused: the context is each sequence's own).
+struct CudaDFlashWeights::Impl {
+  std::shared_ptr<const DFlashDrafter> host;  // config and the validated tensors (in the mmap)
+  int device = 0;
+  uint64_t bytes = 0;
+  DeviceAllocs mem;
+  DevMatrix fc;
+  float *hidden_norm = nullptr, *final_norm = nullptr, *inv_freq = nullptr;
+  std::vector<DraftLayer> layers;
+
+  void* upload(const void* src, size_t n, const std::string& what) {
+    void* p = mem.alloc(n, what.c_str());
+    check(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), "upload drafter weights");
+    bytes += n;
+    return p;
   }
+  // The tensors DFlashDrafter validated (name, dtype, shape), read in place from its shards.
   float* vec(const std::string& name) {
-    const SafetensorsFile* f = nullptr;
-    const TensorInfo& ti = info(name, &f);
+    const TensorRef& t = host->shards().get(name);
+    const TensorInfo& ti = *t.info;
     const int64_t n = ti.shape.empty() ? 1 : ti.shape.back();
     std::vector<uint8_t> raw(ti.nbytes());
-    std::memcpy(raw.data(), f->data(ti), raw.size());  // the file may leave it misaligned
+    std::memcpy(raw.data(), t.data(), raw.size());  // the file may leave it misaligned
     std::vector<float> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       if (ti.dtype == DType::F32) {
@@ -86,84 +81,41 @@ struct CudaDFlash::Impl {
         v[size_t(i)] = ti.dtype == DType::BF16 ? bf16_to_f32(b) : f16_to_f32(b);
       }
     }
-    float* p = fbuf(n, name.c_str());
-    check(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload drafter norm");
-    return p;
+    return static_cast<float*>(upload(v.data(), v.size() * 4, name));
   }
   // One bf16 matrix, or gate and up with their rows interleaved (row 2j = gate j, 2j+1 = up j).
   DevMatrix matrix(const std::vector<std::string>& names) {
     DevMatrix d;
     std::vector<const uint8_t*> src;
     for (const std::string& n : names) {
-      const SafetensorsFile* f = nullptr;
-      const TensorInfo& ti = info(n, &f);
+      const TensorRef& t = host->shards().get(n);
+      const TensorInfo& ti = *t.info;
       if (ti.dtype != DType::BF16)
-        fail(f->path(), ": tensor '", n, "' is ", dtype_name(ti.dtype), "; the GPU drafter takes BF16 matrices (use --device cpu)");
+        fail(t.file->path(), ": tensor '", n, "' is ", dtype_name(ti.dtype), "; the GPU drafter takes BF16 matrices (use --device cpu)");
       d.rows = ti.shape[0];
       d.cols = ti.shape[1];
-      if (d.cols % 8) fail(f->path(), ": tensor '", n, "' has ", d.cols, " inputs, not a multiple of 8 (16-byte bf16 rows)");
-      src.push_back(f->data(ti));
+      if (d.cols % 8) fail(t.file->path(), ": tensor '", n, "' has ", d.cols, " inputs, not a multiple of 8 (16-byte bf16 rows)");
+      src.push_back(t.data());
     }
     const size_t rb = size_t(d.cols) * 2, np = src.size();
     std::vector<uint8_t> w(size_t(d.rows) * np * rb);
     for (int64_t r = 0; r < d.rows; ++r)
       for (size_t k = 0; k < np; ++k) std::memcpy(&w[(size_t(r) * np + k) * rb], src[k] + size_t(r) * rb, rb);
     d.rows *= int64_t(np);
-    void* p = alloc(w.size(), names[0].c_str());
-    check(cudaMemcpy(p, w.data(), w.size(), cudaMemcpyHostToDevice), "upload drafter weights");
-    d.w = p;
+    d.w = upload(w.data(), w.size(), names[0]);
     return d;
   }
-  void open_files();
-  void ensure_append_rows(int64_t n);
-  void block_forward(int32_t bonus, int64_t start);  // queues the draft; logits [B − 1, vocab] in `logits`
 };
 
-// The tensors of model.safetensors, or of the shards the index names (DFlashDrafter validated both).
-void CudaDFlash::Impl::open_files() {
-  namespace fs = std::filesystem;
-  const std::string dir = cpu.dir(), index = dir + "/model.safetensors.index.json";
-  auto add_file = [&](const std::string& path) -> const SafetensorsFile* {
-    for (const auto& f : files)
-      if (f->path() == path) return f.get();
-    files.push_back(std::make_unique<SafetensorsFile>(path));
-    return files.back().get();
-  };
-  if (fs::exists(index)) {
-    // Read again with the same limits the CPU drafter applied (the file may have changed since).
-    const nlohmann::json j = read_json_file(index, kMaxConfigBytes);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail(index, ": not a JSON object with a \"weight_map\" object");
-    for (const auto& [name, shard] : j["weight_map"].items()) {
-      if (!shard.is_string()) fail(index, ": weight_map entry '", escaped_excerpt(name, 200), "' is not a file name");
-      const SafetensorsFile* f = add_file(dir + "/" + shard.get<std::string>());
-      if (const TensorInfo* ti = f->find(name)) tensors[name] = {f, ti};
-    }
-  } else {
-    const SafetensorsFile* f = add_file(dir + "/model.safetensors");
-    for (const auto& ti : f->tensors()) tensors[ti.name] = {f, &ti};
-  }
-}
-
-void CudaDFlash::Impl::ensure_append_rows(int64_t n) {
-  if (n <= ht_rows) return;
-  const DFlashConfig& c = cpu.config();
-  ctx_taps = fbuf(n * c.n_taps() * c.hidden_size, "drafter context taps");
-  ht = fbuf(n * c.hidden_size, "drafter context features");
-  ht_rows = n;
-}
-
-CudaDFlash::CudaDFlash(const std::string& dir, CudaTarget& target, int64_t max_tokens)
-    : impl_(std::make_unique<Impl>(dir, target.impl())) {
+CudaDFlashWeights::CudaDFlashWeights(std::shared_ptr<const DFlashDrafter> host) : impl_(std::make_unique<Impl>()) {
+  if (!host) fail("CUDA drafter: no drafter weights given");
   Impl& m = *impl_;
-  const DFlashConfig& c = m.cpu.config();
-  for (int64_t l : c.target_layer_ids) m.taps_of.push_back(int32_t(l));
-  m.open_files();
+  m.host = std::move(host);
+  check(cudaGetDevice(&m.device), "CUDA drafter: current device");
+  const DFlashConfig& c = m.host->config();
   m.fc = m.matrix({"fc.weight"});
   m.hidden_norm = m.vec("hidden_norm.weight");
   m.final_norm = m.vec("norm.weight");
-  const int64_t B = c.block_size, H = c.hidden_size;
-  m.cap = std::clamp<int64_t>(max_tokens, 0, c.max_position_embeddings);
   m.layers.resize(size_t(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     DraftLayer& w = m.layers[size_t(l)];
@@ -178,12 +130,70 @@ CudaDFlash::CudaDFlash(const std::string& dir, CudaTarget& target, int64_t max_t
     w.o = m.matrix({p + "self_attn.o_proj.weight"});
     w.gu = m.matrix({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
     w.down = m.matrix({p + "mlp.down_proj.weight"});
+  }
+  const std::vector<float> f = c.rope_inv_freq();
+  m.inv_freq = static_cast<float*>(m.upload(f.data(), f.size() * 4, "drafter RoPE frequencies"));
+}
+
+CudaDFlashWeights::~CudaDFlashWeights() = default;
+const DFlashDrafter& CudaDFlashWeights::host() const { return *impl_->host; }
+uint64_t CudaDFlashWeights::device_bytes() const { return impl_->bytes; }
+
+struct CudaDFlash::Impl {
+  CudaTarget::Impl& t;  // embedding, lm_head and stream are the target's
+  std::shared_ptr<const CudaDFlashWeights> weights;
+  const DFlashDrafter& cpu;  // config (the shared host drafter; its weights stay in the mmap)
+  std::vector<int32_t> taps_of;
+  DeviceAllocs mem;  // this sequence's context and work buffers
+  // The shared weights' device pointers (layers[].kc / vc: this sequence's context K/V).
+  DevMatrix fc;
+  float *hidden_norm = nullptr, *final_norm = nullptr, *inv_freq = nullptr;
+  std::vector<DraftLayer> layers;
+  int64_t cap = 0, len = 0, ht_rows = 0;
+  // Work: x, xn, y [B, hid]; q, attn [B, q_dim]; h [B, inter]; scores [B, heads, cap + B];
+  // logits [B − 1, vocab]; ids [B]; ctx_taps/ht grow with the largest append.
+  float *x = nullptr, *xn = nullptr, *q = nullptr, *attn = nullptr, *h = nullptr, *scores = nullptr, *logits = nullptr;
+  float *ctx_taps = nullptr, *ht = nullptr;
+  int32_t* ids = nullptr;
+  DeviceDraftTopK top_k;
+
+  Impl(std::shared_ptr<const CudaDFlashWeights> w, CudaTarget::Impl& target)
+      : t(target), weights(std::move(w)), cpu(weights->host()) {}
+  void* alloc(size_t bytes, const char* what) { return mem.alloc(bytes, what); }
+  float* fbuf(int64_t n, const char* what) { return mem.fbuf(n, what); }
+  void ensure_append_rows(int64_t n);
+  void block_forward(int32_t bonus, int64_t start);  // queues the draft; logits [B − 1, vocab] in `logits`
+};
+
+void CudaDFlash::Impl::ensure_append_rows(int64_t n) {
+  if (n <= ht_rows) return;
+  const DFlashConfig& c = cpu.config();
+  ctx_taps = fbuf(n * c.n_taps() * c.hidden_size, "drafter context taps");
+  ht = fbuf(n * c.hidden_size, "drafter context features");
+  ht_rows = n;
+}
+
+CudaDFlash::CudaDFlash(std::shared_ptr<const CudaDFlashWeights> weights, CudaTarget& target, int64_t max_tokens) {
+  if (!weights) fail("CUDA drafter: no drafter weights given");
+  impl_ = std::make_unique<Impl>(std::move(weights), target.impl());
+  Impl& m = *impl_;
+  const DFlashConfig& c = m.cpu.config();
+  check_fits_target(c, m.t.cfg, m.cpu.dir() + "/config.json", /*warn=*/false);
+  const CudaDFlashWeights::Impl& W = m.weights->impl();
+  if (int dev = 0; cudaGetDevice(&dev) == cudaSuccess && dev != W.device)
+    fail("CUDA drafter ", m.cpu.dir(), ": its weights are on device ", W.device, ", but the current device is ", dev);
+  for (int64_t l : c.target_layer_ids) m.taps_of.push_back(int32_t(l));
+  m.fc = W.fc;
+  m.hidden_norm = W.hidden_norm;
+  m.final_norm = W.final_norm;
+  m.inv_freq = W.inv_freq;
+  m.layers = W.layers;
+  const int64_t B = c.block_size, H = c.hidden_size;
+  m.cap = std::clamp<int64_t>(max_tokens, 0, c.max_position_embeddings);
+  for (DraftLayer& w : m.layers) {
     w.kc = m.fbuf((m.cap + B) * c.kv_dim(), "drafter context K");
     w.vc = m.fbuf((m.cap + B) * c.kv_dim(), "drafter context V");
   }
-  const std::vector<float> f = c.rope_inv_freq();
-  m.inv_freq = m.fbuf(int64_t(f.size()), "drafter RoPE frequencies");
-  check(cudaMemcpy(m.inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "upload drafter inv_freq");
   m.x = m.fbuf(B * H, "drafter x");
   m.xn = m.fbuf(B * H, "drafter xn");
   m.q = m.fbuf(B * c.q_dim(), "drafter q");
@@ -195,6 +205,9 @@ CudaDFlash::CudaDFlash(const std::string& dir, CudaTarget& target, int64_t max_t
   std::vector<int32_t> block(static_cast<size_t>(B), c.mask_token_id);
   check(cudaMemcpy(m.ids, block.data(), block.size() * 4, cudaMemcpyHostToDevice), "upload block ids");
 }
+
+CudaDFlash::CudaDFlash(const std::string& dir, CudaTarget& target, int64_t max_tokens)
+    : CudaDFlash(std::make_shared<const CudaDFlashWeights>(DFlashDrafter::load(dir, target.impl().cfg)), target, max_tokens) {}
 
 CudaDFlash::~CudaDFlash() = default;
 

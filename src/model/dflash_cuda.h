@@ -11,15 +11,40 @@
 #include <vector>
 
 #include "model/deepseek_v3_cuda.h"
+#include "model/dflash.h"
 #include "model/drafter.h"
 #include "decode/tree.h"
 
 namespace kd {
 
+// A DFlash drafter's weights on the device (bf16 matrices, gate/up interleaved; fp32 norms and RoPE
+// frequencies), uploaded once from a loaded DFlashDrafter — no file is read again — onto the current
+// CUDA device, and shared read-only by every sequence's CudaDFlash. Refuses non-BF16 matrices (the
+// device linear kernel reads bf16) and rows that are not 16-byte multiples, naming file and tensor.
+class CudaDFlashWeights {
+ public:
+  explicit CudaDFlashWeights(std::shared_ptr<const DFlashDrafter> host);
+  ~CudaDFlashWeights();
+  CudaDFlashWeights(const CudaDFlashWeights&) = delete;
+  CudaDFlashWeights& operator=(const CudaDFlashWeights&) = delete;
+
+  const DFlashDrafter& host() const;
+  uint64_t device_bytes() const;
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 class CudaDFlash : public Drafter {
  public:
-  // Loads and validates the drafter directory against the target's config (as DFlashDrafter does);
-  // refuses non-BF16 matrices (the device linear kernel reads bf16). The context holds max_tokens.
+  // One sequence's drafter over shared device weights: allocates only its context K/V (max_tokens,
+  // capped at max_position_embeddings) and work buffers. The drafter's config is checked against
+  // the target's again (a drafter loaded for another target is refused, naming its config.json).
+  CudaDFlash(std::shared_ptr<const CudaDFlashWeights> weights, CudaTarget& target, int64_t max_tokens);
+  // Loads, validates (DFlashDrafter::load) and uploads the directory for this drafter alone.
   CudaDFlash(const std::string& dir, CudaTarget& target, int64_t max_tokens);
   ~CudaDFlash() override;
   CudaDFlash(const CudaDFlash&) = delete;

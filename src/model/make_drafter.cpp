@@ -41,15 +41,7 @@ void make_drafter(const std::string& target_dir, const std::string& out_dir, uin
   }
   const std::vector<int64_t> taps = default_target_layer_ids(N, std::min<int64_t>(num_layers, N));
 
-  ojson rope = nullptr;
-  if (t.rope.yarn)
-    rope = {{"rope_type", "yarn"},
-            {"factor", t.rope.factor},
-            {"beta_fast", t.rope.beta_fast},
-            {"beta_slow", t.rope.beta_slow},
-            {"mscale", t.rope.mscale},
-            {"mscale_all_dim", t.rope.mscale_all_dim},
-            {"original_max_position_embeddings", t.rope.original_max_position_embeddings}};
+  const ojson rope = rope_scaling_json(t.rope);  // the target's YaRN, as io/config.cpp reads it back
   ojson layer_types = ojson::array();
   for (int32_t l = 0; l < num_layers; ++l) layer_types.push_back("full_attention");
   const ojson config = {

@@ -701,6 +701,55 @@ HOSTILE = [
 ]
 
 
+# Shard indexes: the target and the DFlash drafter (CPU and GPU) read them through one reader
+# (io/checkpoint.h ShardDir), so a drafter's index gets every check the target's has.
+def drafter_index(edit=None):
+    """An index naming every tensor of the drafter's model.safetensors (then edited): the index wins."""
+    def f(d: Path):
+        idx = {"metadata": {}, "weight_map": {n: K2_FILE for n in RawSafetensors(d / K2_FILE).names}}
+        if edit:
+            edit(idx)
+        (d / INDEX).write_text(json.dumps(idx, indent=1))
+    return f
+
+
+def index_lists_twice(tensor: str, other_shard: str):
+    """The index lists `tensor` a second time (one JSON object, the key twice), under another shard."""
+    def f(d: Path):
+        p = d / INDEX
+        head = '"weight_map": {'
+        text = p.read_text()
+        assert head in text
+        p.write_text(text.replace(head, head + json.dumps(tensor) + ": " + json.dumps(other_shard) + ",", 1))
+    return f
+
+
+HOSTILE += [
+    Hostile("index-lists-tensor-twice", "model", index_lists_twice(K25_KVB1, "model-00001-of-00003.safetensors"),
+            [INDEX, K25_KVB1, "twice"], fixture=K25),
+    Hostile("drafter-index-path-escapes-dir", "drafter",
+            drafter_index(lambda i: i["weight_map"].update({"fc.weight": "../" + K2_FILE})),
+            [INDEX, "fc.weight", "not a file in this directory"]),
+    Hostile("drafter-index-shard-absent", "drafter",
+            drafter_index(lambda i: i["weight_map"].update({"fc.weight": "model-00002-of-00002.safetensors"})),
+            [INDEX, "model-00002-of-00002.safetensors", "absent"]),
+    Hostile("drafter-index-lists-unknown-tensor", "drafter",
+            drafter_index(lambda i: i["weight_map"].update({"layers.9.foo.weight": K2_FILE})),
+            [INDEX, "layers.9.foo.weight", "does not hold it"]),
+    Hostile("drafter-index-lists-tensor-twice", "drafter",
+            lambda d: (drafter_index()(d), index_lists_twice("fc.weight", K2_FILE)(d)),
+            [INDEX, "fc.weight", "twice"]),
+    Hostile("drafter-index-deep", "drafter",
+            lambda d: (drafter_index()(d), raw_json_value(INDEX, lambda i, v: i.__setitem__("metadata", v), DEEP_ARRAY)(d)),
+            [INDEX, "nests deeper than 64"]),
+    Hostile("drafter-index-oversized", "drafter", sparse(INDEX, CONFIG_CAP + 1), [INDEX, str(CONFIG_CAP)]),
+    Hostile("drafter-shard-dev-zero", "drafter",
+            lambda d: (drafter_index(lambda i: i["weight_map"].update({"fc.weight": "zero.safetensors"}))(d),
+                       symlink_to("zero.safetensors", "/dev/zero")(d)),
+            ["zero.safetensors", "not a regular file"]),
+]
+
+
 @pytest.fixture(scope="module")
 def drafter_template(tmp_path_factory):
     d = tmp_path_factory.mktemp("drafter") / "k2-int4-dflash"

@@ -136,5 +136,61 @@ TEST(Config, RefusesOutOfRangeAndUnsupported) {
   }
 }
 
+// The one YaRN parse (io/config.h parse_rope), read by the target and the DFlash drafter alike.
+TEST(Config, RopeParseIsSharedAndStrict) {
+  const ModelConfig base = parse_model_config(k2().dump(), "k2");
+  ASSERT_TRUE(base.rope.yarn);
+  // transformers 5's rope_parameters (rope_theta inside) reads as rope_scaling + rope_theta.
+  json j = k2();
+  json rp = j["rope_scaling"];
+  rp.erase("type");
+  rp["rope_type"] = "yarn";
+  rp["rope_theta"] = j["rope_theta"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = rp;
+  const ModelConfig v5 = parse_model_config(j.dump(), "k2");
+  EXPECT_EQ(v5.rope_theta, base.rope_theta);
+  EXPECT_EQ(v5.rope_inv_freq(), base.rope_inv_freq());
+  EXPECT_EQ(v5.rope_attention_scaling(), base.rope_attention_scaling());
+  // DeepSeek's own spelling of the type.
+  j = k2();
+  j["rope_scaling"]["type"] = "deepseek_yarn";
+  EXPECT_EQ(parse_model_config(j.dump(), "k2").rope_inv_freq(), base.rope_inv_freq());
+  // The written form reads back as the same parameters.
+  j = k2();
+  j["rope_scaling"] = json::parse(rope_scaling_json(base.rope).dump());
+  const ModelConfig back = parse_model_config(j.dump(), "k2");
+  EXPECT_EQ(back.rope_inv_freq(), base.rope_inv_freq());
+  EXPECT_EQ(back.rope.original_max_position_embeddings, base.rope.original_max_position_embeddings);
+  EXPECT_TRUE(rope_scaling_json(RopeScaling{}).is_null());
+  // Refused, naming the file and the field.
+  j = k2();
+  j["rope_scaling"]["rope_type"] = "linear";
+  EXPECT_NE(error_of(j).find("config.json: rope_scaling.rope_type \"linear\" and .type \"yarn\" disagree"), std::string::npos)
+      << error_of(j);
+  j = k2();
+  j["rope_scaling"]["truncate"] = false;
+  EXPECT_NE(error_of(j).find("config.json: rope_scaling.truncate = false is not supported"), std::string::npos);
+  j = k2();
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  EXPECT_NE(error_of(j).find("rope_scaling.attention_factor is not supported"), std::string::npos);
+  j = k2();
+  j["rope_scaling"] = "yarn";
+  EXPECT_NE(error_of(j).find("config.json: rope_scaling must be an object or null"), std::string::npos);
+  j = k2();
+  j["rope_scaling"]["factor"] = 0.5;
+  EXPECT_NE(error_of(j).find("config.json: rope_scaling: field 'factor' = 0.5 is out of range"), std::string::npos);
+  // The drafter's parse reads the same struct (and keeps the attention factor).
+  RopeParams p = parse_rope(json::parse(R"({"rope_theta": 50000, "rope_scaling": {"rope_type": "yarn", "factor": 64,
+      "original_max_position_embeddings": 4096, "attention_factor": 1.25}})"), "d");
+  EXPECT_TRUE(p.scaling.yarn);
+  EXPECT_EQ(p.theta, 50000.0);
+  EXPECT_EQ(p.scaling.attention_factor, 1.25);
+  p = parse_rope(json::object(), "d");
+  EXPECT_FALSE(p.scaling.yarn);
+  EXPECT_EQ(p.theta, 10000.0);
+}
+
 }  // namespace
 }  // namespace kd
