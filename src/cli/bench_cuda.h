@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/deepseek_v3_cuda.h"
 #include "cli/commands.h"
@@ -18,5 +19,20 @@ struct BenchTarget {
 // (K2's exact shapes, 1 dense + 11 MoE layers, INT4 g32 experts, random weights made on the GPU);
 // the single-sequence cache holds max_tokens rows. `what` names the command in errors.
 BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const char* what);
+
+// Timed paths over the target's single sequence (cli/bench_cuda_timing.cpp): the same forward
+// pieces the decode loop runs, timed with CUDA events, logits kept on the device.
+double timed_prefill_ms(CudaTarget& t, const std::vector<int32_t>& prompt);  // resets, then one forward over the prompt
+// n greedy decode steps after the cache's contents, the argmax fed back on the device (no host
+// round-trip); per-step milliseconds. graph: each step replays one captured CUDA graph.
+std::vector<double> timed_decode_ms(CudaTarget& t, int32_t first_token, int64_t steps, bool graph);
+// One uncommitted verify forward over a tree (ids, positions, visibility as ForwardArgs), all
+// logits on the device; milliseconds. distinct_experts (optional): per MoE layer, experts touched.
+// graph: replayed as a DDTree round replays it (one captured graph per tree size); else launched
+// kernel by kernel. Inside an NVTX range "verify N graph|launches" (N = nodes, root excluded).
+double timed_verify_ms(CudaTarget& t, const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
+                       const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct_experts, bool graph);
+double measure_read_gbps();   // streaming read bandwidth of the device, GB/s (median of 10)
+double measure_mma_tflops();  // mma.sync bf16 m16n8k16 rate, register operands, TFLOP/s (median of 10)
 
 }  // namespace kd::cli

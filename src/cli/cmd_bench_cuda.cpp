@@ -68,8 +68,8 @@ int cmd_bench_cuda(const BenchOptions& o) {
   const std::string label = bt.label;
   const ModelConfig& c = t->config();
   log_info("measuring the device's streaming read bandwidth …");
-  const double bw = CudaTarget::measure_read_gbps();
-  const double mma_tflops = CudaTarget::measure_mma_tflops();
+  const double bw = measure_read_gbps();
+  const double mma_tflops = measure_mma_tflops();
   std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
 
@@ -77,10 +77,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
   // Decode twice: kernels launched one by one, and each step replayed as one CUDA graph.
   std::vector<double> pp, tg, tg_launch;
   for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
-    const double ms = t->timed_prefill_ms(prompt);
-    const std::vector<double> steps = t->timed_decode_ms(prompt.back(), o.n_gen, true);
-    t->timed_prefill_ms(prompt);
-    const std::vector<double> steps_l = t->timed_decode_ms(prompt.back(), o.n_gen, false);
+    const double ms = timed_prefill_ms(*t, prompt);
+    const std::vector<double> steps = timed_decode_ms(*t, prompt.back(), o.n_gen, true);
+    timed_prefill_ms(*t, prompt);
+    const std::vector<double> steps_l = timed_decode_ms(*t, prompt.back(), o.n_gen, false);
     if (rep == 0) continue;
     pp.push_back(ms);
     tg.insert(tg.end(), steps.begin(), steps.end());
@@ -111,12 +111,12 @@ int cmd_bench_cuda(const BenchOptions& o) {
       for (int64_t a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i * n + a)] = 1;
       pos[size_t(i)] = int32_t(o.n_prompt + depth[size_t(i)]);
     }
-    t->timed_prefill_ms(prompt);
+    timed_prefill_ms(*t, prompt);
     std::vector<double> runs, runs_launch;
     std::vector<int32_t> distinct;
     for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
-      const double ms = t->timed_verify_ms(ids, pos, vis, &distinct, true);
-      const double ms_launch = t->timed_verify_ms(ids, pos, vis, nullptr, false);
+      const double ms = timed_verify_ms(*t, ids, pos, vis, &distinct, true);
+      const double ms_launch = timed_verify_ms(*t, ids, pos, vis, nullptr, false);
       if (rep > 0) runs.push_back(ms), runs_launch.push_back(ms_launch);
     }
     double sum = 0;

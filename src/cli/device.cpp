@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "decode/dflash_drafter.h"
+#include "model/dflash.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "model/deepseek_v3_cuda.h"
 #include "model/dflash_cuda.h"
@@ -40,19 +41,23 @@ LoadedTarget::~LoadedTarget() = default;
 const Target& LoadedTarget::target() const { return gpu_ ? *gpu_ : static_cast<const Target&>(*model_); }
 
 LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int64_t max_tokens) const {
+  // The directory is read once (DFlashDrafter::load validates it against the target); on the GPU its
+  // weights are uploaded once too, and each sequence's drafter holds only its context.
+  std::shared_ptr<const DFlashDrafter> host = DFlashDrafter::load(dir, model_->config());
   std::function<std::unique_ptr<Drafter>()> make;
 #ifdef KDTREE_HAVE_CUDA
   if (gpu_) {
     CudaTarget* g = static_cast<CudaTarget*>(gpu_.get());
-    make = [dir, g, max_tokens] { return std::make_unique<CudaDFlash>(dir, *g, max_tokens); };
+    auto weights = std::make_shared<const CudaDFlashWeights>(host);
+    make = [weights, g, max_tokens] { return std::make_unique<CudaDFlash>(weights, *g, max_tokens); };
   }
 #endif
   if (!make) {
     const DeepseekV3* m = model_.get();
-    make = [dir, m, max_tokens] { return std::make_unique<DFlashAdapter>(dir, *m, max_tokens); };
+    make = [host, m, max_tokens] { return std::make_unique<DFlashAdapter>(host, *m, max_tokens); };
   }
   Drafters d;
-  d.first = make();  // validates the directory now, not on the first request
+  d.first = make();
   d.make = std::move(make);
   return d;
 }

@@ -31,7 +31,7 @@ class LoadedTarget {
   bool cuda() const { return gpu_ != nullptr; }
   // Fresh drafters of the DFlash directory `dir` for this target, each holding up to max_tokens of
   // context: on the GPU beside a GPU target (fed from its taps on the device), else on the CPU.
-  // The directory is validated here (the first drafter, handed back as `first`).
+  // The directory is read and validated here, once (the first drafter is handed back as `first`).
   struct Drafters {
     std::function<std::unique_ptr<Drafter>()> make;
     std::unique_ptr<Drafter> first;

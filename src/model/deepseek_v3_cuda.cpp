@@ -7,8 +7,6 @@
 #include <cstring>
 #include <string>
 
-#include <nvtx3/nvToolsExt.h>
-
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -365,7 +363,8 @@ void CudaTarget::Impl::drop_graphs() {
 
 void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, int64_t n_logits, const std::vector<int32_t>* tap_layers,
                                    float* taps_dev) {
-  const std::vector<int32_t> tap_list = tap_layers ? *tap_layers : std::vector<int32_t>{};
+  static const std::vector<int32_t> kNoTaps;
+  const std::vector<int32_t>& tap_list = tap_layers ? *tap_layers : kNoTaps;
   const int64_t bound = std::min(cap, cuda::mla_max_keys(cfg.kv_lora_rank, cfg.qk_rope_head_dim));
   constexpr size_t kMaxGraphs = 64;  // distinct shapes kept (tree sizes ≤ the budget + 1, decode batches)
   if (graph_gen != buf_gen) {  // a work buffer (or `in`) moved since the graphs were captured
@@ -419,7 +418,8 @@ bool CudaTarget::Impl::graph_captured(int64_t n, int64_t n_logits) const {
 void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, ForwardStats* stats) {
   const ModelConfig& c = cfg;
   if (seqs.empty()) fail("forward: no sequences");
-  Staged st;
+  Staged& st = staged;
+  st.clear();
   const std::vector<int32_t>* taps_of = nullptr;
   bool host_logits = false, argmax = false;
   for (size_t sq = 0; sq < seqs.size(); ++sq) {
@@ -674,112 +674,6 @@ uint64_t CudaTarget::floor_bytes(int64_t cached_rows, int64_t n_rows, const std:
   // KV: every layer reads each cached and new latent row once and writes the new ones.
   const uint64_t kv = uint64_t(c.num_hidden_layers) * uint64_t(cached_rows + 2 * n_rows) * uint64_t(m.D) * 2;
   return m.weight_bytes_of(n_rows, distinct, 1) + kv;
-}
-
-double CudaTarget::measure_read_gbps() { return cuda::measure_read_gbps(int64_t(4) << 30, 10); }
-double CudaTarget::measure_mma_tflops() { return cuda::measure_mma_tflops(10); }
-
-double CudaTarget::Impl::elapsed_ms() {
-  float ms = 0;
-  check(cudaEventSynchronize(ev1), "cudaEventSynchronize");
-  check(cudaEventElapsedTime(&ms, ev0, ev1), "cudaEventElapsedTime");
-  return double(ms);
-}
-
-double CudaTarget::timed_prefill_ms(const std::vector<int32_t>& prompt) {
-  Impl& m = *impl_;
-  m.size = 0;
-  const int64_t n = int64_t(prompt.size());
-  m.upload_own(prompt.data(), n, nullptr, nullptr, false, true, false);
-  check(cudaStreamSynchronize(m.stream), "upload");
-  check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  m.run(n, m.staged_vis, n, 1, nullptr, nullptr);
-  check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
-  const double ms = m.elapsed_ms();
-  m.size = n;
-  return ms;
-}
-
-void CudaTarget::Impl::decode_step() {
-  // n = 1: in = [id | position | cnt | start | tab | wrow | base | voff | logit row | vis | table];
-  // one contiguous block, so the new row's cache row is its position.
-  int32_t* start = in + 3;
-  cuda::single_step_setup(in + 1, in + 2, in + 5, start, stream);
-  run(1, 1, cap, 1, nullptr, nullptr);
-  cuda::argmax_rows(logits, 1, cfg.vocab_size, in, stream);  // the next step's token, on the device
-  cuda::advance(start, 1, stream);
-}
-
-std::vector<double> CudaTarget::timed_decode_ms(int32_t first_token, int64_t steps, bool graph) {
-  Impl& m = *impl_;
-  if (m.size + steps > m.cap) fail("decode benchmark: ", m.size, " + ", steps, " rows exceed the cache (", m.cap, ")");
-  m.upload_own(&first_token, 1, nullptr, nullptr, false, true, false);
-  check(cudaStreamSynchronize(m.stream), "upload token");
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (graph) {
-    // The whole step (≈ 20 kernels a layer) as one graph: the launch gaps go, the work stays.
-    check(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    m.decode_step();
-    check(cudaStreamEndCapture(m.stream, &g), "cudaStreamEndCapture");
-    check(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
-  }
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(steps + 1));
-  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  check(cudaEventRecord(ev[0], m.stream), "cudaEventRecord");
-  for (int64_t i = 0; i < steps; ++i) {
-    if (graph)
-      check(cudaGraphLaunch(exec, m.stream), "cudaGraphLaunch");
-    else
-      m.decode_step();
-    check(cudaEventRecord(ev[size_t(i + 1)], m.stream), "cudaEventRecord");
-  }
-  check(cudaStreamSynchronize(m.stream), "decode");
-  m.size += steps;
-  std::vector<double> ms;
-  for (int64_t i = 0; i < steps; ++i) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, ev[size_t(i)], ev[size_t(i + 1)]), "cudaEventElapsedTime");
-    ms.push_back(double(t));
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  if (exec) cudaGraphExecDestroy(exec);
-  if (g) cudaGraphDestroy(g);
-  int32_t last = 0;
-  check(cudaMemcpy(&last, m.in, 4, cudaMemcpyDeviceToHost), "download token");
-  if (last < 0) fail("decode benchmark: the logits held a NaN");
-  return ms;
-}
-
-double CudaTarget::timed_verify_ms(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
-                                   const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct, bool graph) {
-  Impl& m = *impl_;
-  const int64_t n = int64_t(ids.size());
-  if (int64_t(positions.size()) != n || int64_t(visibility.size()) != n * n) fail("verify benchmark: inconsistent tree arrays");
-  const int64_t start = m.upload_own(ids.data(), n, positions.data(), visibility.data(), true, true, graph);
-  check(cudaStreamSynchronize(m.stream), "upload");
-  // graph: the path a DDTree round takes (forward_seqs → run_graphed, one graph per tree size): the
-  // shape's first forward launches, its second is captured; both happen here, untimed, on the
-  // shape's first call only (a key list beyond the kernel's bound never captures: two launches).
-  if (graph)
-    for (int warm = 0; warm < 2 && !m.graph_captured(n, n); ++warm) m.run_graphed(n, start + n, n, nullptr, nullptr);
-  const std::string range = "verify " + std::to_string(n - 1) + (graph ? " graph" : " launches");
-  nvtxRangePushA(range.c_str());  // `ncu --nvtx --nvtx-include "verify 16 graph/"` profiles one shape
-  check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
-  if (graph)
-    m.run_graphed(n, start + n, n, nullptr, nullptr);
-  else
-    m.run(n, m.staged_vis, start + n, n, nullptr, nullptr);
-  check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
-  const double ms = m.elapsed_ms();
-  nvtxRangePop();
-  if (distinct) {
-    std::vector<int32_t> all(static_cast<size_t>(m.cfg.num_hidden_layers));
-    check(cudaMemcpy(all.data(), m.active_log, all.size() * 4, cudaMemcpyDeviceToHost), "download counts");
-    distinct->clear();
-    for (size_t l = 0; l < all.size(); ++l) distinct->push_back(m.layers[l].moe ? all[l] : 0);
-  }
-  return ms;  // uncommitted: the cache keeps its size
 }
 
 }  // namespace kd

@@ -50,7 +50,8 @@ class CudaTarget final : public Target {
   void logits_row(int64_t seq, int64_t row, float* out) const override;
   void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;
 
-  // The single sequence of the one-block KV (tests, the bench, the GPU drafter's tests): a batch
+  // The single sequence of the one-block KV (tests, the bench's timed paths in cli/bench_cuda.h,
+  // the GPU drafter's tests): a batch
   // of one through forward_batch. forward: ForwardArgs over the committed size() rows (commit
   // advances it); forward_device_taps: the same with the taps left on the device, returned
   // ([n, tap_layers, hidden] fp32, valid until the next forward); compact: keep_rows, then size().
@@ -73,26 +74,10 @@ class CudaTarget final : public Target {
   static int64_t free_device_bytes();  // cudaMemGetInfo's free bytes
   int64_t max_keys() const;  // longest key list one row may attend to (attention's shared-memory bound)
 
-  // Benchmark paths over the single sequence: the same forward, timed with CUDA events, logits
-  // kept on the device.
-  double timed_prefill_ms(const std::vector<int32_t>& prompt);  // resets, then one forward over the prompt
-  // n greedy decode steps after the cache's contents, the argmax fed back on the device (no host
-  // round-trip); per-step milliseconds. graph: each step replays one captured CUDA graph.
-  std::vector<double> timed_decode_ms(int32_t first_token, int64_t steps, bool graph);
-  // One uncommitted verify forward over a tree (ids, positions, visibility as ForwardArgs), all
-  // logits on the device; milliseconds. distinct_experts (optional): per MoE layer, experts touched.
-  // graph: replayed as a DDTree round replays it (one captured graph per tree size); else launched
-  // kernel by kernel. Inside an NVTX range "verify N graph|launches" (N = nodes, root excluded).
-  double timed_verify_ms(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
-                         const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct_experts, bool graph);
-
   // Bytes a forward over these rows must read at least: every weight it touches once (experts: the
   // distinct ones given per MoE layer; null → top-k for one row), the KV cache rows it attends to.
   uint64_t floor_bytes(int64_t cached_rows, int64_t n_rows, const std::vector<int32_t>* distinct_experts) const;
   uint64_t device_weight_bytes() const;  // weights resident on the device
-
-  static double measure_read_gbps();  // streaming read bandwidth of the device, GB/s (median of 10)
-  static double measure_mma_tflops();  // mma.sync bf16 m16n8k16 rate, register operands, TFLOP/s (median of 10)
 
   struct Impl;  // defined in deepseek_v3_cuda_impl.h (device pointers; only the CUDA .cpp files see it)
   Impl& impl() const { return *impl_; }  // for the GPU drafter (embedding, lm_head, stream)

@@ -79,7 +79,12 @@ struct CudaTarget::Impl {
   struct Staged {
     int64_t n = 0, max_keys = 0;
     std::vector<int32_t> ids, pos, cnt, start, tab, wrow, base, voff, lrows, tables, vis;
+    void clear() {  // (keeps the capacity: a decode step stages without allocating)
+      n = max_keys = 0;
+      for (std::vector<int32_t>* v : {&ids, &pos, &cnt, &start, &tab, &wrow, &base, &voff, &lrows, &tables, &vis}) v->clear();
+    }
   };
+  Staged staged;  // forward_seqs' inputs, reused
 
   // Forwards of a repeating shape — the one-row AR decode step, the DDTree verify of each tree
   // size — as captured CUDA graphs, replayed (the launch gaps of ≈ 20 kernels a layer go). All
@@ -134,9 +139,7 @@ struct CudaTarget::Impl {
   bool graph_captured(int64_t n, int64_t n_logits) const;
   // Cache rows src[k] → dst[k] of every layer, in k order (DDTree compaction; queued, no sync).
   void copy_rows(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
-  void decode_step();  // n = 1, causal, inputs and start on the device; the argmax becomes the next id
   uint64_t weight_bytes_of(int64_t n, const std::vector<int32_t>* distinct, int64_t logit_rows) const;
-  double elapsed_ms();
   void finish_layer_bytes();
 };
 

@@ -13,7 +13,7 @@
 #include "model/deepseek_v3_cuda.h"
 #include "model/dflash.h"
 #include "model/drafter.h"
-#include "decode/tree.h"
+#include "sample/top_k.h"
 
 namespace kd {
 
