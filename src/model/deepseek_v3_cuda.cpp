@@ -1,6 +1,6 @@
 // CudaTarget: device weights, the bf16 latent cache and the forward that strings the kernels of
 // kernels.h together in the CPU forward's order (src/model/deepseek_v3.cpp). Weight upload and
-// the random benchmark weights are in cuda_weights.cpp.
+// the random benchmark weights are in deepseek_v3_cuda_weights.cpp.
 #include "model/deepseek_v3_cuda_impl.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// CudaTarget's private state (shared by cuda_target.cpp and cuda_weights.cpp only).
+// CudaTarget's private state (shared by deepseek_v3_cuda.cpp, deepseek_v3_cuda_weights.cpp and the
+// bench's timed paths, cli/bench_cuda_timing.cpp, only).
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,4 @@
-// The DFlash drafter on the GPU (src/backend/cuda/cuda_dflash.*) against the CPU DFlashDrafter
+// The DFlash drafter on the GPU (src/model/dflash_cuda.*) against the CPU DFlashDrafter
 // (itself checked against python/dflash_reference.py's goldens in tests/unit/test_dflash.cpp); DDTree
 // with it == AR on the GPU is tests/gpu/test_cuda_round.cpp's.
 //

@@ -1,5 +1,6 @@
-// A DDTree round kept on the device (cuda_generate.h, draft_top_k.h): the device top-k of draft
-// logits against the CPU tree builder's own draft_top_k (the reference it must equal bit for bit:
+// A DDTree round kept on the device (the engine's step over the CudaTarget, draft_top_k.h): the
+// device top-k of draft logits against the CPU tree builder's own draft_top_k (the reference it
+// must equal bit for bit:
 // ids, fp32 log-probabilities, valid counts, errors), including forced ties, ±0, −inf tails, NaN
 // / +inf rows and a 163840-token vocabulary; then whole generations — the device round paths ==
 // the host paths == AR on the GPU, tokens, logits and acceptance, with the GPU DFlash drafter,

@@ -1,4 +1,4 @@
-// Kernels of the DFlash drafter on the GPU (cuda_dflash.cpp): the per-head q/k RMSNorm with the
+// Kernels of the DFlash drafter on the GPU (model/dflash_cuda.cpp): the per-head q/k RMSNorm with the
 // drafter's neox (half-split) RoPE, and the non-causal block attention over [context K/V | block].
 // fp32 throughout, as the CPU reference (src/model/dflash.cpp); explicit _rn arithmetic so the
 // compiler cannot contract differently from one build to the next.

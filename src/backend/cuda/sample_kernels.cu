@@ -1,5 +1,6 @@
-// Kernels of a DDTree round kept on the device (draft_top_k.cpp, cuda_generate.cpp): the draft
-// logits' top-k with bounds on the CPU tree builder's softmax normaliser, and the gather of the
+// Kernels of a DDTree round kept on the device (draft_top_k.cpp; the argmax outputs of
+// model/deepseek_v3_cuda.cpp): the draft logits' top-k with bounds on the CPU tree builder's
+// softmax normaliser, and the gather of the
 // verify rows' argmax values. See draft_top_k.h for why the bounds make the result bit-identical.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
