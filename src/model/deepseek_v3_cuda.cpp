@@ -342,6 +342,7 @@ uint64_t CudaTarget::device_weight_bytes() const { return impl_->weight_bytes; }
 void CudaTarget::set_graphs(bool on) { impl_->graphs = on; }
 bool CudaTarget::graphs() const { return impl_->graphs; }
 void CudaTarget::set_device_outputs(bool on) { impl_->device_outputs = on; }
+uint64_t CudaTarget::host_tap_rows() const { return impl_->host_tap_rows; }
 bool CudaTarget::device_argmax() const { return impl_->device_outputs; }
 bool CudaTarget::device_taps() const { return impl_->device_outputs; }
 std::string CudaTarget::device() const { return cat("cuda (", cuda_device_name(), ")"); }
@@ -497,9 +498,11 @@ void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, Forward
   int64_t row = 0;
   for (const SeqForward& f : seqs) {
     const ForwardArgs& a = f.args;
-    if (a.taps)
+    if (a.taps) {
       check(cudaMemcpyAsync(a.taps, taps_dev + row * tap_row, size_t(a.n * tap_row) * 4, cudaMemcpyDeviceToHost, stream),
             "download taps");
+      host_tap_rows += uint64_t(a.n);
+    }
     if (a.device_taps) *a.device_taps = taps_dev + row * tap_row;
     row += a.n;
   }

@@ -68,6 +68,8 @@ class CudaTarget final : public Target {
   // Argmax outputs and device taps offered (default), or not: the host paths they replace, which
   // compute the same bits (tests/gpu compare them).
   void set_device_outputs(bool on);
+  // Rows of drafter taps this target has brought to the host so far (a GPU drafter's: none).
+  uint64_t host_tap_rows() const;
 
   // Latent KV bytes of one token over every layer (the engine sizes its pool with it).
   int64_t kv_bytes_per_token() const;

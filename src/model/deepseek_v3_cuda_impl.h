@@ -104,6 +104,7 @@ struct CudaTarget::Impl {
   };
   bool graphs = true;
   bool device_outputs = true;  // device_argmax() / device_taps()
+  uint64_t host_tap_rows = 0;  // taps rows downloaded to the host (CudaTarget::host_tap_rows)
   static constexpr int64_t kGraphRows = 64;  // batches of at most this many rows replay graphs
   std::vector<Graph> graph_cache;
   uint64_t buf_gen = 0, graph_gen = 0;  // bumped when a work buffer moves / the one graphs were captured at

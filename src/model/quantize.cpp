@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "core/int4.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "core/untrusted.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -271,8 +273,6 @@ QuantizeResult quantize_checkpoint(const QuantizeOptions& o) {
     for (const auto& t : outs) total_out += t.nbytes;
     Progress bar("quantize", total_out, "B");
     const int32_t group = o.group;
-    std::vector<int8_t> q;
-    std::vector<uint16_t> sc;
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     std::map<std::string, std::string> wm_sorted;
     for (int64_t si = 0; si < n_shards; ++si) {
@@ -283,7 +283,7 @@ QuantizeResult quantize_checkpoint(const QuantizeOptions& o) {
         wm_sorted[t->name] = fname;
         const TensorRef* src = t->src;
         const OutTensor::Kind kind = t->kind;
-        w.add(t->name, t->dtype, t->shape, [src, kind, group, &q, &sc](uint8_t* dst, uint64_t nbytes) {
+        w.add(t->name, t->dtype, t->shape, [src, kind, group](uint8_t* dst, uint64_t nbytes) {
           const TensorInfo& ti = *src->info;
           if (kind == OutTensor::copy) {
             std::memcpy(dst, src->data(), nbytes);
@@ -295,22 +295,36 @@ QuantizeResult quantize_checkpoint(const QuantizeOptions& o) {
             std::memcpy(dst, v, 16);
             return;
           }
-          q.resize(size_t(cols));
-          sc.resize(size_t(cols / group));
+          // Rows are independent (groups run along a row): quantised in parallel, each written to its
+          // own place, so the bytes do not depend on the thread count. A bad row fails the run with
+          // the message of the first one in row order, as a serial loop would.
           const uint8_t* base = src->data();
-          std::vector<uint16_t> row(static_cast<size_t>(cols));
-          for (int64_t r = 0; r < rows; ++r) {
-            std::memcpy(row.data(), base + uint64_t(r) * uint64_t(cols) * 2, size_t(cols) * 2);  // may be unaligned
-            check_finite_row(row.data(), cols, *src, r);
-            ct_quantize_row_bf16(row.data(), cols, group, q.data(), sc.data());
-            if (kind == OutTensor::scale) {
-              std::memcpy(dst + uint64_t(r) * uint64_t(cols / group) * 2, sc.data(), size_t(cols / group) * 2);
-            } else {
-              std::vector<uint32_t> words(size_t(cols / 8));
-              pack_int4_row(q.data(), cols, words.data());
-              std::memcpy(dst + uint64_t(r) * uint64_t(cols / 8) * 4, words.data(), size_t(cols / 8) * 4);
+          std::mutex mu;
+          int64_t bad_row = -1;
+          std::string bad_msg;
+          ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+            std::vector<uint16_t> row(static_cast<size_t>(cols)), scales(static_cast<size_t>(cols / group));
+            std::vector<int8_t> digits(static_cast<size_t>(cols));
+            std::vector<uint32_t> words(static_cast<size_t>(cols / 8));
+            for (int64_t r = r0; r < r1; ++r) {
+              try {
+                std::memcpy(row.data(), base + uint64_t(r) * uint64_t(cols) * 2, size_t(cols) * 2);  // may be unaligned
+                check_finite_row(row.data(), cols, *src, r);
+              } catch (const std::exception& e) {
+                std::lock_guard<std::mutex> lk(mu);
+                if (bad_row < 0 || r < bad_row) bad_row = r, bad_msg = e.what();
+                return;
+              }
+              ct_quantize_row_bf16(row.data(), cols, group, digits.data(), scales.data());
+              if (kind == OutTensor::scale) {
+                std::memcpy(dst + uint64_t(r) * uint64_t(cols / group) * 2, scales.data(), size_t(cols / group) * 2);
+              } else {
+                pack_int4_row(digits.data(), cols, words.data());
+                std::memcpy(dst + uint64_t(r) * uint64_t(cols / 8) * 4, words.data(), size_t(cols / 8) * 4);
+              }
             }
-          }
+          });
+          if (bad_row >= 0) fail(bad_msg);
         });
       }
       res.bytes_out += w.total_bytes();

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <utility>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -197,7 +198,9 @@ TEST(CudaEngine, NextTurnReusesTheAnswerBitwise) {
 }
 
 // A random DFlash drafter (make-model --drafter-for) drafting on the GPU for each sequence; every
-// sequence's tree verified in one batched forward: output == AR bit for bit (tokens and logits).
+// sequence's tree verified in one batched forward: output == AR bit for bit (tokens and logits). The
+// drafters read the target's taps on the device (no tap row comes to the host); with the device
+// outputs off (the host path: taps and logits downloaded) the outputs are the same bits.
 TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
   REQUIRE_GPU();
   const DeepseekV3& m = model_of("k2-bf16");
@@ -206,8 +209,9 @@ TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
   std::vector<Case> cases = cases_for(m.config(), 6);
   for (Case& c : cases) c.gen.max_new_tokens = 20;
   const std::vector<GenerateResult> ref = reference(m, cases);
-  for (bool chain : {false, true}) {
+  for (const auto& [chain, device] : {std::pair{false, true}, std::pair{true, true}, std::pair{false, false}}) {
     CudaTarget gpu(m, 1);
+    gpu.set_device_outputs(device);
     const Target* t = &gpu;
     EngineOptions opt;
     opt.n_parallel = 6;
@@ -230,7 +234,12 @@ TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
     }
     EXPECT_GT(mt.spec_rounds, 0u);
     EXPECT_EQ(mt.kv_blocks_used, 0);
-    for (size_t k = 0; k < cases.size(); ++k) expect_equal(sink.get(k), ref[k], cat(chain ? "chain" : "tree", " request ", k));
+    if (device)
+      EXPECT_EQ(gpu.host_tap_rows(), 0u) << "a GPU drafter's taps came to the host";
+    else
+      EXPECT_GT(gpu.host_tap_rows(), 0u) << "the host path downloads taps";
+    for (size_t k = 0; k < cases.size(); ++k)
+      expect_equal(sink.get(k), ref[k], cat(chain ? "chain" : "tree", device ? "" : " (host path)", " request ", k));
   }
 }
 
