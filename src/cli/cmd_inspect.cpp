@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -11,6 +12,7 @@
 #include "core/untrusted.h"
 #include "io/checkpoint.h"
 #include "model/tensor_plan.h"
+#include "model/tp_plan.h"
 
 namespace kd::cli {
 
@@ -25,6 +27,15 @@ void add_inspect(CLI::App& app, InspectOptions& o) {
       ->transform(whole_number(o.ctx))
       ->check(CLI::PositiveNumber);
   c->add_flag("--json", o.json, "Print one JSON object");
+  auto* tp = c->add_option("--tp,--tensor-parallel", o.tp,
+                           "Tensor-parallel ranks R (one GPU each): print the per-GPU memory plan (weights per rank, KV per "
+                           "token per rank, a workspace estimate, how many KV tokens fit) and refuse a plan that does not fit "
+                           "--ctx tokens in --gpu-memory; R must divide the heads and the MLP slices (K2: 1, 2, 4, 8, 16, 32, 64)")
+                 ->transform(whole_number(o.tp))
+                 ->check(CLI::PositiveNumber);
+  c->add_option("--gpu-memory", o.gpu_memory_gib, "Memory per GPU in GiB for the --tp plan (default 139: an H200)")
+      ->check(CLI::PositiveNumber)
+      ->needs(tp);
 }
 
 namespace {
@@ -33,11 +44,99 @@ std::string gb(uint64_t b) {
   std::snprintf(buf, sizeof buf, "%.3f GB", double(b) / 1e9);
   return buf;
 }
+std::string gib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(1ull << 30));
+  return buf;
+}
 std::string count(int64_t n) {
   char buf[32];
   if (n >= 1000000000) std::snprintf(buf, sizeof buf, "%.4g B", double(n) / 1e9);
   else std::snprintf(buf, sizeof buf, "%.4g M", double(n) / 1e6);
   return buf;
+}
+
+// The --tp R plan, checked against the GPU before anything is printed: a plan that cannot hold the
+// weights, the workspace and --ctx tokens of KV on each GPU is an Error with the numbers and a way out.
+struct TpReport {
+  TpPlan plan;
+  TpMemory mem;
+};
+
+TpReport tp_report(const ModelConfig& c, const InspectOptions& o) {
+  const uint64_t gpu = uint64_t(o.gpu_memory_gib * double(1ull << 30));
+  TpReport t{plan_tp(c, o.tp), {}};
+  t.mem = tp_memory(c, t.plan, gpu);
+  if (t.mem.kv_tokens_fit >= o.ctx) return t;
+  const TpMemory& m = t.mem;
+  const uint64_t kv_ctx = m.kv_bytes_per_token * uint64_t(o.ctx);
+  std::string fix;
+  for (int32_t r : valid_tp_ranks(c)) {
+    if (r <= o.tp) continue;
+    const TpMemory mr = tp_memory(c, plan_tp(c, r), gpu);
+    if (mr.kv_tokens_fit >= o.ctx) {
+      fix = cat("use more ranks: --tp ", r, " fits (", gb(mr.weight_bytes), " of weights a GPU, room for ", mr.kv_tokens_fit,
+                " KV tokens)");
+      break;
+    }
+  }
+  if (m.kv_tokens_fit > 0) fix = cat("use less context: --ctx ", m.kv_tokens_fit, " or less fits at --tp ", o.tp,
+                                     fix.empty() ? "" : "; or ", fix);
+  if (fix.empty()) fix = "no valid --tp fits this GPU: use GPUs with more memory";
+  fail("inspect --tp ", o.tp, ": the plan does not fit a ", o.gpu_memory_gib, " GiB GPU (", gb(gpu), "): weights ",
+       gb(m.weight_bytes), " a rank + workspace ", gb(m.workspace_bytes), " (estimate) + KV ", gb(kv_ctx), " for ", o.ctx,
+       " tokens (", m.kv_bytes_per_token, " B a token, latent on every rank) = ", gb(m.weight_bytes + m.workspace_bytes + kv_ctx),
+       " a GPU; ", fix);
+}
+
+nlohmann::ordered_json tp_json(const ModelConfig& c, const TpReport& t, const InspectOptions& o) {
+  const TpPlan& p = t.plan;
+  nlohmann::ordered_json by_split;
+  for (TpSplit s : {TpSplit::replicated, TpSplit::rows, TpSplit::cols, TpSplit::vocab}) {
+    int64_t n = 0;
+    for (const auto& tt : p.tensors) n += tt.split == s;
+    by_split[tp_split_name(s)] = n;
+  }
+  return {{"ranks", p.ranks},
+          {"heads_per_rank", p.heads_per_rank},
+          {"moe_intermediate_per_rank", p.moe_intermediate_per_rank},
+          {"shared_intermediate_per_rank", p.shared_intermediate_per_rank},
+          {"dense_intermediate_per_rank", p.dense_intermediate_per_rank},
+          {"vocab_rows_per_rank", p.vocab_rows_per_rank},
+          {"vocab_rows_last_rank", p.vocab_rows(p.ranks - 1)},
+          {"tensors_by_split", by_split},
+          {"weight_bytes_per_rank", t.mem.weight_bytes},
+          {"weight_bytes_by_rank", p.weight_bytes_by_rank},
+          {"replicated_bytes", p.replicated_bytes},
+          {"kv_bytes_per_token_per_rank", p.kv_bytes_per_token_per_rank_bf16},
+          {"workspace", {{"bytes", t.mem.workspace_bytes}, {"fixed_bytes", kTpWorkspaceFixedBytes}, {"rows", kTpWorkspaceRows},
+                         {"bytes_per_row", tp_activation_bytes_per_row(c, p)}, {"estimate", true}}},
+          {"gpu_memory_bytes", t.mem.gpu_bytes},
+          {"kv_tokens_fit", t.mem.kv_tokens_fit},
+          {"ctx", o.ctx},
+          {"reductions_per_step", p.reductions_per_step},
+          {"reduction_values_per_row", p.reduction_values_per_row},
+          {"reduction_bytes_per_row", p.reduction_bytes_per_row}};
+}
+
+void print_tp(const ModelConfig& c, const TpReport& t, const InspectOptions& o) {
+  const TpPlan& p = t.plan;
+  const TpMemory& m = t.mem;
+  std::printf("tp            %d ranks: %lld heads, expert slice %lld (INT4 group %d), shared %lld, dense %lld, lm_head %lld vocab rows a rank",
+              p.ranks, (long long)p.heads_per_rank, (long long)p.moe_intermediate_per_rank, p.group,
+              (long long)p.shared_intermediate_per_rank, (long long)p.dense_intermediate_per_rank, (long long)p.vocab_rows_per_rank);
+  if (p.vocab_rows(p.ranks - 1) != p.vocab_rows_per_rank) std::printf(" (the last %lld)", (long long)p.vocab_rows(p.ranks - 1));
+  std::printf("\n");
+  std::printf("  split       rows by head: q_b_proj, kv_b_proj; columns: o_proj; MLPs: gate/up rows, down columns; lm_head by vocabulary\n");
+  std::printf("  replicated  embedding, norms, q_a_proj, kv_a_proj_with_mqa (the latent), router: %s on every rank\n",
+              gb(p.replicated_bytes).c_str());
+  std::printf("per GPU       weights %s, KV %llu B a token (latent on every rank), workspace %s (estimate: %s fixed + %lld rows × %llu B)\n",
+              gb(m.weight_bytes).c_str(), (unsigned long long)m.kv_bytes_per_token, gb(m.workspace_bytes).c_str(),
+              gib(kTpWorkspaceFixedBytes).c_str(), (long long)kTpWorkspaceRows, (unsigned long long)tp_activation_bytes_per_row(c, p));
+  std::printf("fits          %g GiB (%s) a GPU: %lld KV tokens beside weights and workspace (--ctx %lld asked)\n", o.gpu_memory_gib,
+              gb(m.gpu_bytes).c_str(), (long long)m.kv_tokens_fit, (long long)o.ctx);
+  std::printf("reductions    %lld a step (2 a layer: after o_proj, after the MLP), %lld fp32 = %llu B a row each\n",
+              (long long)p.reductions_per_step, (long long)p.reduction_values_per_row, (unsigned long long)p.reduction_bytes_per_row);
 }
 }  // namespace
 
@@ -60,6 +159,8 @@ int cmd_inspect(const InspectOptions& o) {
   }
   const ModelStats s = model_stats(c);
   const uint64_t kv_ctx = s.kv_bytes_per_token_bf16 * uint64_t(o.ctx);
+  std::optional<TpReport> tp;
+  if (o.tp > 0) tp = tp_report(c, o);
 
   std::map<std::string, int64_t> by_dtype;
   int64_t unused = 0;
@@ -105,6 +206,7 @@ int cmd_inspect(const InspectOptions& o) {
     j["memory"] = {{"ctx", o.ctx}, {"kv_bytes", kv_ctx}, {"total_bytes", s.stored_bytes + kv_ctx}};
     if (ck) j["checkpoint"] = {{"files", ck->files().size()}, {"bytes", ck->total_bytes()}, {"tensors", ck->tensors().size()},
                                {"tensors_by_dtype", by_dtype}, {"tensors_not_used", unused}};
+    if (tp) j["tp"] = tp_json(c, *tp, o);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -149,6 +251,7 @@ int cmd_inspect(const InspectOptions& o) {
     }
     std::printf("); %lld not used by the text model (e.g. vision)\n", (long long)unused);
   }
+  if (tp) print_tp(c, *tp, o);
   return 0;
 }
 

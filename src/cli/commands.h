@@ -30,6 +30,8 @@ struct InspectOptions {
   std::string model, preset, config;
   int64_t ctx = 4096;
   bool json = false;
+  int32_t tp = 0;                 // --tp R: print the per-GPU plan for R ranks (0: not asked)
+  double gpu_memory_gib = 139.0;  // --gpu-memory: per GPU, GiB (an H200's usable memory)
 };
 void add_inspect(CLI::App& app, InspectOptions& o);
 int cmd_inspect(const InspectOptions& o);

@@ -165,3 +165,132 @@ def test_inspect_text_for_checkpoint():
 def test_inspect_options_are_exclusive():
     r = kdtree("inspect", "--preset", "k2", "-m", FIXTURES / "k2-int4")
     assert r.returncode == 2 and "exclude" in r.stderr.lower(), str(r)
+
+
+# --- tensor parallel: inspect --tp R (issue 14) --------------------------------------------------------------
+# Golden numbers from Kimi K2's shapes (SPEC-MODEL.md §1) with the storage formulas written out here:
+# bf16 2 B a value; INT4 rows × cols / 2 packed + rows × cols/32 bf16 scales + an 8-byte weight_shape.
+
+K2 = dict(V=163840, h=7168, inter=18432, moe=2048, L=61, H=64, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128,
+          E=384, dense=1, moe_layers=60)
+H200_GIB = 139
+
+
+def bf16(r, c):
+    return r * c * 2
+
+
+def int4(r, c):
+    return r * c // 2 + r * (c // 32) * 2
+
+
+def k2_rank_bytes(R):
+    """One rank's weights at TP R: replicated tensors in full + its slice of the rest."""
+    k = K2
+    replicated = (bf16(k["V"], k["h"])  # embedding
+                  + (k["L"] * (2 * k["h"] + k["q_lora"] + k["kv_lora"]) + k["h"]) * 2  # norms
+                  + k["L"] * (bf16(k["q_lora"], k["h"]) + bf16(k["kv_lora"] + k["rope"], k["h"]))  # q_a, kv_a
+                  + k["moe_layers"] * (bf16(k["E"], k["h"]) + k["E"] * 4)  # router + fp32 bias
+                  + k["moe_layers"] * k["E"] * 3 * 8)  # every INT4 module's weight_shape
+    heads = k["H"] // R
+    split = (k["L"] * (bf16(heads * (k["nope"] + k["rope"]), k["q_lora"]) + bf16(heads * (k["nope"] + k["v"]), k["kv_lora"])
+                       + bf16(k["h"], heads * k["v"]))
+             + k["dense"] * 3 * bf16(k["inter"] // R, k["h"])
+             + k["moe_layers"] * 3 * bf16(k["moe"] // R, k["h"])
+             + k["moe_layers"] * k["E"] * (2 * int4(k["moe"] // R, k["h"]) + int4(k["h"], k["moe"] // R))
+             + bf16(k["V"] // R, k["h"]))
+    return replicated, replicated + split
+
+
+def k2_workspace(R):
+    """The workspace estimate inspect states: 2 GiB + 256 rows of fp32 activations on one rank."""
+    k = K2
+    mlp = max(k["inter"] // R, k["moe"] // R + 8 * (k["moe"] // R))
+    per_row = 4 * ((4 + R) * k["h"] + k["q_lora"] + k["kv_lora"] + k["rope"]
+                   + (k["H"] // R) * (k["nope"] + k["rope"] + k["kv_lora"] + k["v"]) + 2 * mlp + k["V"] // R)
+    return 2 * 2 ** 30 + 256 * per_row, per_row
+
+
+def test_k2_tp8_fits_an_h200_with_its_numbers():
+    out = inspect_json("--preset", "k2", "--tp", 8)
+    tp = out["tp"]
+    replicated, per_rank = k2_rank_bytes(8)
+    assert tp["ranks"] == 8 and tp["heads_per_rank"] == 64 // 8 and tp["moe_intermediate_per_rank"] == 2048 // 8
+    assert tp["dense_intermediate_per_rank"] == 18432 // 8 and tp["vocab_rows_per_rank"] == 163840 // 8
+    assert tp["replicated_bytes"] == replicated
+    assert tp["weight_bytes_per_rank"] == per_rank
+    assert tp["weight_bytes_by_rank"] == [per_rank] * 8
+    # Σ ranks = the unsharded total + 7 × what every rank holds in full.
+    assert sum(tp["weight_bytes_by_rank"]) == out["bytes"]["weights_stored"] + 7 * replicated
+    assert per_rank / 1e9 == pytest.approx(594.2 / 8 + replicated / 1e9 * 7 / 8, rel=2e-3)
+    assert tp["kv_bytes_per_token_per_rank"] == 61 * (512 + 64) * 2  # the latent is not split
+    ws, per_row = k2_workspace(8)
+    assert tp["workspace"]["bytes"] == ws and tp["workspace"]["bytes_per_row"] == per_row
+    gpu = H200_GIB * 2 ** 30
+    assert tp["gpu_memory_bytes"] == gpu
+    assert tp["kv_tokens_fit"] == (gpu - per_rank - ws) // 70272
+    assert tp["reductions_per_step"] == 2 * 61 and tp["reduction_bytes_per_row"] == 7168 * 4
+
+    text = kdtree("inspect", "--preset", "k2", "--tp", 8, ok=True).stdout
+    assert "8 ranks: 8 heads, expert slice 256" in text, text
+    assert f"weights {per_rank / 1e9:.3f} GB" in text, text
+    assert f"{(gpu - per_rank - ws) // 70272} KV tokens" in text, text
+    assert "122 a step" in text and "28672 B a row" in text, text
+
+
+def test_k2_tp1_is_refused_with_the_numbers_and_what_to_do():
+    r = kdtree("inspect", "--preset", "k2", "--tp", 1, ok=False)
+    _, per_rank = k2_rank_bytes(1)
+    assert r.returncode == 1, str(r)
+    assert "does not fit a 139 GiB GPU" in r.stderr, r.stderr
+    assert f"{per_rank / 1e9:.3f} GB" in r.stderr, r.stderr  # ≈ 594.2 GB of weights on one GPU
+    assert f"{H200_GIB * 2 ** 30 / 1e9:.3f} GB" in r.stderr, r.stderr
+    assert "--tp 8 fits" in r.stderr, r.stderr  # the smallest R (of 2, 4, 8, …) that holds K2 and the KV
+    assert r.stdout == ""
+
+
+def test_k2_tp4_with_a_long_context_is_refused_suggesting_less_context():
+    # At R = 4, 594.2/4 + replicated ≈ 152 GB of weights already exceed 139 GiB: more ranks is the answer.
+    r = kdtree("inspect", "--preset", "k2", "--tp", 4, ok=False)
+    assert "--tp 8 fits" in r.stderr, r.stderr
+    # At R = 8 on a 90 GiB GPU the weights fit, a 1M-token context does not.
+    _, per_rank = k2_rank_bytes(8)
+    ws, _ = k2_workspace(8)
+    fit = (90 * 2 ** 30 - per_rank - ws) // 70272
+    assert 0 < fit < 1_000_000
+    r = kdtree("inspect", "--preset", "k2", "--tp", 8, "--gpu-memory", 90, "--ctx", 1_000_000, ok=False)
+    assert f"--ctx {fit} or less fits at --tp 8" in r.stderr, r.stderr
+    # The latent KV is on every rank, so more ranks free only weight bytes: the first R that holds 1M tokens.
+    def fits(R):
+        return (90 * 2 ** 30 - k2_rank_bytes(R)[1] - k2_workspace(R)[0]) // 70272
+    first = next(R for R in (16, 32, 64) if fits(R) >= 1_000_000)
+    assert f"--tp {first} fits" in r.stderr and f"room for {fits(first)} KV tokens" in r.stderr, r.stderr
+    ok = inspect_json("--preset", "k2", "--tp", 8, "--gpu-memory", 90, "--ctx", fit)
+    assert ok["tp"]["kv_tokens_fit"] == fit
+
+
+def test_k2_tp3_is_refused():
+    r = kdtree("inspect", "--preset", "k2", "--tp", 3, ok=False)
+    assert r.returncode == 1
+    assert "num_attention_heads = 64 is not divisible by R = 3" in r.stderr, r.stderr
+    assert "Valid R for this model: 1, 2, 4, 8, 16, 32, 64" in r.stderr, r.stderr
+
+
+def test_tp_on_a_checkpoint_keeps_int4_groups_whole():
+    # tests/fixtures/k25-sharded: 4 heads, INT4 experts 64 wide (two groups of 32), vocab 512.
+    d = FIXTURES / "k25-sharded"
+    out = inspect_json("-m", d, "--tp", 2)
+    assert out["tp"]["heads_per_rank"] == 2 and out["tp"]["moe_intermediate_per_rank"] == 32
+    assert out["tp"]["vocab_rows_per_rank"] == 256 and out["tp"]["vocab_rows_last_rank"] == 256
+    r = kdtree("inspect", "-m", d, "--tp", 4, ok=False)
+    assert "down_proj: its input dim 64 / R = 4 gives a slice of 16 columns, not a multiple of the INT4 group size 32" \
+        in r.stderr, r.stderr
+    assert "Valid R for this model: 1, 2" in r.stderr, r.stderr
+
+
+def test_tp_flags_in_help_and_gpu_memory_needs_tp():
+    h = kdtree("inspect", "--help", ok=True).stdout
+    assert "--tp" in h and "--gpu-memory" in h and "per-GPU memory plan" in h and "GiB" in h, h
+    r = kdtree("inspect", "--preset", "k2", "--gpu-memory", 80)
+    assert r.returncode == 2 and "--gpu-memory requires --tp" in r.stderr, str(r)
+    assert kdtree("inspect", "--preset", "k2", "--tp", 0).returncode == 2
