@@ -1,6 +1,7 @@
 #include "engine/generate.h"
 
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,10 +36,15 @@ class LentDrafter final : public Drafter {
 };
 
 // Runs one request through an engine sized for it alone: one sequence, the whole prompt in one
-// prefill forward, a KV pool of exactly its worst case, no prefix cache.
+// prefill forward, a KV pool of its worst case, no prefix cache. The pool's blocks: on a target with
+// host KV, 16 rows each, storage taken as the sequence grows (memory follows what is generated, not
+// max_new_tokens); on a device target, one block as long as the worst case (its single-sequence view).
 SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                    const SpecOptions& spec, const std::function<void(int32_t)>& on_token) {
   const GenerationLimits lim = check_generation(target.config(), prompt, opt);
+  if (drafter && !spec.chain && spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
+  if (drafter && !spec.chain && spec.budget > kMaxTreeBudget)
+    fail("--budget ", spec.budget, " is more than ", kMaxTreeBudget, " tree nodes (memory and time grow with budget²)");
   EngineOptions eo;
   eo.n_parallel = 1;
   eo.context = lim.ctx;
@@ -52,8 +58,8 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
     eo.make_drafter = [drafter] { return std::make_unique<LentDrafter>(*drafter); };
     rows += spec.chain ? drafter->block_size() : spec.budget + 1;
   }
-  eo.kv_block = rows;
-  eo.kv_tokens = rows;
+  eo.kv_block = target.host_kv() ? 16 : rows;
+  eo.kv_tokens = (rows + eo.kv_block - 1) / eo.kv_block * eo.kv_block;
   Engine engine(target, eo);
 
   std::mutex mu;
@@ -64,10 +70,17 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
   EngineRequest req;
   req.prompt = prompt;
   req.gen = opt;
+  std::exception_ptr callback_error;  // the caller's on_token threw: generation stops, the error is rethrown
   req.on_event = [&](const EngineEvent& ev) {
     for (int32_t id : ev.ids) {
       r.output_ids.push_back(id);
-      if (on_token) on_token(id);
+      if (on_token && !callback_error) {
+        try {
+          on_token(id);
+        } catch (...) {
+          callback_error = std::current_exception();
+        }
+      }
     }
     if (opt.keep_logits) r.logits.insert(r.logits.end(), ev.logits.begin(), ev.logits.end());
     if (ev.done) {
@@ -93,11 +106,12 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
       done = true;
       cv.notify_all();
     }
-    return true;
+    return !callback_error;
   };
   engine.submit(std::move(req));
   std::unique_lock<std::mutex> lk(mu);
   cv.wait(lk, [&] { return done; });
+  if (callback_error) std::rethrow_exception(callback_error);
   if (r.finish_reason.rfind("error: ", 0) == 0) fail(r.finish_reason.substr(7));
   if (drafter && res.stats.tau_histogram.empty()) res.stats.tau_histogram.assign(size_t(drafter->block_size() + 1), 0);
   return res;

@@ -15,7 +15,9 @@ namespace kd {
 // Plain autoregressive generation: the reference every speculative decoder reproduces token for
 // token. Validates the request (check_generation: the messages name the problem) and throws
 // kd::Error on a failure during generation. on_token(id) is called as each token is committed
-// (on the engine's thread; streaming); may be empty.
+// (on the engine's thread; streaming); may be empty; if it throws, generation stops and the
+// exception reaches the caller. Each call lends the target's KV afresh (Target::init_kv): no engine
+// may be running on the same target meanwhile.
 GenerateResult generate_ar(const Target& target, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                            const std::function<void(int32_t)>& on_token = {});
 

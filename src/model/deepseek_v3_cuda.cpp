@@ -376,11 +376,21 @@ void CudaTarget::Impl::run_graphed(int64_t n, int64_t keys, int64_t n_logits, co
   Graph* hit = nullptr;
   for (Graph& g : graph_cache)
     if (g.n == n && g.n_logits == n_logits && g.tap_layers == tap_list && g.taps_dev == taps_dev) hit = &g;
+  if (hit) hit->last_use = ++graph_clock;
   // A shape's first forward launches kernel by kernel and only its second is captured: shapes used
   // once (a prompt, one tree size) pay no capture, and the kernels' one-time setup (attention's
-  // smem opt-in, a non-stream call) has happened before any capture.
+  // smem opt-in, a non-stream call) has happened before any capture. A full cache gives up its least
+  // recently used shape, so a serving mix of one-off batch sizes cannot keep the steady ones out.
   if (!hit || keys > bound) {  // (the launch path reports a key list beyond the kernel's limit)
-    if (!hit && graph_cache.size() < kMaxGraphs) graph_cache.push_back(Graph{n, n_logits, tap_list, taps_dev, nullptr});
+    if (!hit) {
+      if (graph_cache.size() >= kMaxGraphs) {
+        auto lru = std::min_element(graph_cache.begin(), graph_cache.end(),
+                                    [](const Graph& a, const Graph& b) { return a.last_use < b.last_use; });
+        if (lru->exec) cudaGraphExecDestroy(lru->exec);  // (no launch of it is in flight: forwards end synchronised)
+        graph_cache.erase(lru);
+      }
+      graph_cache.push_back(Graph{n, n_logits, tap_list, taps_dev, nullptr, ++graph_clock});
+    }
     run(n, n * n, keys, n_logits, tap_layers, taps_dev);
     return;
   }

@@ -101,7 +101,9 @@ struct CudaTarget::Impl {
     std::vector<int32_t> tap_layers;
     float* taps_dev = nullptr;
     cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;  // graph_clock at the shape's last forward
   };
+  uint64_t graph_clock = 0;
   bool graphs = true;
   bool device_outputs = true;  // device_argmax() / device_taps()
   uint64_t host_tap_rows = 0;  // taps rows downloaded to the host (CudaTarget::host_tap_rows)

@@ -276,8 +276,16 @@ def test_connection_cap_refuses_fast(tiny_model, tmp_path):
     socks = []
     try:
         for _ in range(20):
-            socks.append(socket.create_connection(("127.0.0.1", s.port)))
-        time.sleep(1.0)  # every one accepted (and counted) by the server
+            socks.append(socket.create_connection(("127.0.0.1", s.port), timeout=30))
+        # Every one accepted and counted: each answers a request (and stays open, keep-alive). A
+        # fixed sleep was not enough on a loaded 2-core machine (the 21st was accepted first once).
+        for c in socks:
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while b'{"status":"ok"}' not in got:
+                chunk = c.recv(4096)
+                assert chunk, "the server closed a connection under the cap"
+                got += chunk
         t0 = time.time()
         resp = raw(s.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", read_all=False)
         assert time.time() - t0 < 2
