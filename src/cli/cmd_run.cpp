@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
-#include "core/untrusted.h"
 #include "io/safetensors.h"
 #include "engine/generate.h"
 #include "model/dflash.h"
@@ -123,13 +122,12 @@ int cmd_run(const RunOptions& o) {
   if (o.block_size != 0 && !spec) fail("--block-size only applies to --spec ddtree or dflash");
   if (o.block_size != 0 && !synthetic) {
     // A DFlash drafter was trained for one block size: refuse a different one rather than ignore it.
-    const std::string cpath = o.draft + "/config.json";
     std::error_code ec;
-    if (std::filesystem::exists(cpath, ec)) {
-      const DFlashConfig dc = parse_dflash_config(read_text_file(cpath, kMaxConfigBytes), cpath);
+    if (std::filesystem::exists(o.draft + "/config.json", ec)) {
+      const DFlashConfig dc = load_dflash_config(o.draft);
       if (dc.block_size != o.block_size)
-        fail("--block-size ", o.block_size, " differs from the drafter's block_size = ", dc.block_size, " (", cpath,
-             "): a DFlash drafter drafts the block it was trained for; drop --block-size");
+        fail("--block-size ", o.block_size, " differs from the drafter's block_size = ", dc.block_size, " (", o.draft,
+             "/config.json): a DFlash drafter drafts the block it was trained for; drop --block-size");
     }
   }
   const int64_t synthetic_block = o.block_size ? o.block_size : kDefaultSyntheticBlock;

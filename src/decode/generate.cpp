@@ -22,4 +22,11 @@ GenerationLimits check_generation(const ModelConfig& c, const std::vector<int32_
   return lim;
 }
 
+void check_spec(const SpecOptions& spec) {
+  if (spec.chain) return;
+  if (spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
+  if (spec.budget > kMaxTreeBudget)
+    fail("--budget ", spec.budget, " is more than ", kMaxTreeBudget, " tree nodes (memory and time grow with budget²)");
+}
+
 }  // namespace kd

@@ -50,6 +50,10 @@ struct SpecOptions {
   bool device_top_k = true;
 };
 
+// Checks a speculative request's options (the tree budget within [1, kMaxTreeBudget] unless chain);
+// shared by the engine and the one-request path, which sizes its KV from the budget.
+void check_spec(const SpecOptions& spec);
+
 struct SpecStats {
   int64_t rounds = 0, target_forwards = 0;
   int64_t drafted = 0;                   // tree nodes verified, root excluded

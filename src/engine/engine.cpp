@@ -117,9 +117,7 @@ Engine::Impl::Impl(const Target& t, EngineOptions o)
   if (opt.prefill_chunk < 1) fail("engine: the prefill chunk must be at least 1 token (got ", opt.prefill_chunk, ")");
   if (opt.max_queue < 0) fail("engine: the queue bound (", opt.max_queue, ") is negative");
   if (opt.make_drafter) {
-    if (!opt.spec.chain && opt.spec.budget < 1) fail("--budget must be at least 1 (got ", opt.spec.budget, ")");
-    if (!opt.spec.chain && opt.spec.budget > kMaxTreeBudget)
-      fail("--budget ", opt.spec.budget, " is more than ", kMaxTreeBudget, " tree nodes (memory and time grow with budget²)");
+    check_spec(opt.spec);
     std::unique_ptr<Drafter> probe = opt.make_drafter();
     if (!probe) fail("engine: make_drafter returned no drafter");
     draft_block = probe->block_size();

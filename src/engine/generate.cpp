@@ -42,9 +42,7 @@ class LentDrafter final : public Drafter {
 SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                    const SpecOptions& spec, const std::function<void(int32_t)>& on_token) {
   const GenerationLimits lim = check_generation(target.config(), prompt, opt);
-  if (drafter && !spec.chain && spec.budget < 1) fail("--budget must be at least 1 (got ", spec.budget, ")");
-  if (drafter && !spec.chain && spec.budget > kMaxTreeBudget)
-    fail("--budget ", spec.budget, " is more than ", kMaxTreeBudget, " tree nodes (memory and time grow with budget²)");
+  if (drafter) check_spec(spec);  // before the budget sizes the KV
   EngineOptions eo;
   eo.n_parallel = 1;
   eo.context = lim.ctx;
