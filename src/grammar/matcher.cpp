@@ -1,0 +1,231 @@
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace kd::grammar {
+
+namespace {
+
+constexpr uint8_t kBytes = 0, kRule = 1, kEnd = 2;
+// The memo is dropped (keeping the current state) past these sizes, so a long generation through a
+// grammar with many contexts cannot grow it without bound.
+constexpr size_t kMaxStacks = 2'000'000, kMaxTransitions = 4'000'000, kMaxMasks = 256;
+
+uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+
+}  // namespace
+
+CompiledGrammar::CompiledGrammar(const Grammar& g) : sets(g.sets), names(g.names), root(g.root) {
+  alt_starts.resize(g.rules.size());
+  for (size_t r = 0; r < g.rules.size(); ++r)
+    for (const Sequence& s : g.rules[r]) {
+      alt_starts[r].push_back(int32_t(elems.size()));
+      for (const Element& e : s) elems.push_back({e.kind == Element::bytes ? kBytes : kRule, e.index});
+      elems.push_back({kEnd, int32_t(r)});
+    }
+}
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids)
+    : g_(std::move(g)), vocab_(std::move(vocab)), stop_ids_(std::move(stop_ids)) {
+  if (!g_ || !vocab_) fail("grammar matcher: no grammar or vocabulary");
+  for (int32_t id : stop_ids_)
+    if (id < 0 || id >= vocab_->vocab_size()) fail("grammar matcher: stop id ", id, " is outside the vocabulary");
+  state_begin_.push_back(0);
+  std::vector<int32_t> none;
+  intern_state(none);  // kDead
+  std::vector<int32_t> init;
+  for (int32_t a : g_->alt_starts[size_t(g_->root)]) closure(a, -1, init);
+  cur_ = intern_state(init);
+  walk_.resize(size_t(vocab_->max_depth()) + 1);
+}
+
+int32_t Matcher::intern_stack(int32_t pos, int32_t parent) {
+  auto [it, added] = node_index_.try_emplace(pair_key(pos, parent), int32_t(node_pos_.size()));
+  if (added) {
+    node_pos_.push_back(pos);
+    node_parent_.push_back(parent);
+  }
+  return it->second;
+}
+
+// Every stack reachable from "match elems[pos], then return to `parent`" whose top is a byte set
+// (or the empty stack −1: the grammar may end), appended to out.
+void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
+  work_.clear();
+  work_.push_back({pos, parent});
+  while (!work_.empty()) {
+    auto [p, par] = work_.back();
+    work_.pop_back();
+    for (;;) {
+      const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
+      if (e.kind == kBytes) {
+        out.push_back(intern_stack(p, par));
+        break;
+      }
+      if (e.kind == kEnd) {
+        if (par < 0) {
+          out.push_back(-1);
+          break;
+        }
+        p = node_pos_[size_t(par)];
+        const int32_t up = node_parent_[size_t(par)];
+        if (g_->elems[size_t(p)].kind == kBytes) {
+          out.push_back(par);
+          break;
+        }
+        par = up;
+        continue;
+      }
+      // A call: return to p + 1 unless that ends the alternative (a tail call pushes nothing).
+      const int32_t ret = p + 1;
+      const int32_t np = g_->elems[size_t(ret)].kind == kEnd ? par : intern_stack(ret, par);
+      for (int32_t a : g_->alt_starts[size_t(e.index)]) work_.push_back({a, np});
+      break;
+    }
+  }
+}
+
+Matcher::State Matcher::intern_state(std::vector<int32_t>& stacks) {
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  std::string key(reinterpret_cast<const char*>(stacks.data()), stacks.size() * sizeof(int32_t));
+  auto [it, added] = state_index_.try_emplace(std::move(key), int32_t(state_begin_.size() - 1));
+  if (added) {
+    state_members_.insert(state_members_.end(), stacks.begin(), stacks.end());
+    state_begin_.push_back(int32_t(state_members_.size()));
+  }
+  return it->second;
+}
+
+Matcher::State Matcher::advance(State s, uint8_t byte) {
+  if (s == kDead) return kDead;
+  const uint64_t key = (uint64_t(uint32_t(s)) << 8) | byte;
+  if (auto it = trans_.find(key); it != trans_.end()) return it->second;
+  std::vector<int32_t> next;
+  for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
+    const int32_t st = state_members_[size_t(k)];
+    if (st < 0) continue;
+    const int32_t p = node_pos_[size_t(st)];
+    if (g_->sets[size_t(g_->elems[size_t(p)].index)].has(byte)) closure(p + 1, node_parent_[size_t(st)], next);
+  }
+  const State t = intern_state(next);
+  trans_.emplace(key, t);
+  return t;
+}
+
+Matcher::State Matcher::advance_bytes(State s, std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    s = advance(s, c);
+    if (s == kDead) break;
+  }
+  return s;
+}
+
+Matcher::State Matcher::advance_token(State s, int32_t id) {
+  if (id < 0 || id >= vocab_->vocab_size() || vocab_->is_special(id)) return kDead;
+  const std::string& b = vocab_->token_bytes(id);
+  return b.empty() ? kDead : advance_bytes(s, b);
+}
+
+bool Matcher::accepting(State s) const {
+  return state_begin_[size_t(s)] < state_begin_[size_t(s) + 1] && state_members_[size_t(state_begin_[size_t(s)])] < 0;
+}
+
+bool Matcher::can_continue(State s) const {
+  const int32_t b = state_begin_[size_t(s)], e = state_begin_[size_t(s) + 1];
+  return e > b && state_members_[size_t(e - 1)] >= 0;
+}
+
+const std::vector<uint32_t>& Matcher::mask(State s) {
+  const size_t words = (size_t(vocab_->vocab_size()) + 31) / 32;
+  if (auto it = masks_.find(s); it != masks_.end()) {
+    ++stats_.masks_cached;
+    return it->second;
+  }
+  ++stats_.masks_computed;
+  mask_out_.assign(words, 0);
+  const VocabTrie& v = *vocab_;
+  walk_[0] = s;
+  const int32_t n = s == kDead ? 0 : v.n_nodes();
+  int64_t visited = 0;
+  for (int32_t i = 0; i < n;) {
+    ++visited;
+    const int32_t d = v.depth(i);
+    const State t = advance(walk_[size_t(d - 1)], v.byte(i));
+    if (t == kDead) {
+      i = v.subtree_end(i);
+      continue;
+    }
+    walk_[size_t(d)] = t;
+    for (const int32_t* id = v.tokens_begin(i); id != v.tokens_end(i); ++id) mask_out_[size_t(*id) >> 5] |= 1u << (*id & 31);
+    ++i;
+  }
+  stats_.trie_nodes_visited += visited;
+  if (accepting(s))
+    for (int32_t id : stop_ids_) mask_out_[size_t(id) >> 5] |= 1u << (id & 31);
+  stats_.states = int64_t(state_begin_.size()) - 1;
+  stats_.stacks = int64_t(node_pos_.size());
+  if (masks_.size() >= kMaxMasks) masks_.clear();
+  return masks_.emplace(s, mask_out_).first->second;
+}
+
+bool Matcher::allowed(State s, int32_t id) {
+  if (id < 0 || id >= vocab_->vocab_size()) return false;
+  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end() && accepting(s)) return true;
+  return advance_token(s, id) != kDead;
+}
+
+void Matcher::apply(float* logits) {
+  const std::vector<uint32_t>& m = mask(cur_);
+  const int32_t n = vocab_->vocab_size();
+  for (int32_t i = 0; i < n; ++i)
+    if (!((m[size_t(i) >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+}
+
+bool Matcher::commit(int32_t id) {
+  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return accepting(cur_);
+  const State t = advance_token(cur_, id);
+  if (t == kDead) return false;
+  cur_ = t;
+  if (node_pos_.size() > kMaxStacks || trans_.size() > kMaxTransitions) reset_tables();
+  return true;
+}
+
+void Matcher::reset_tables() {
+  // The current state's stacks as explicit lists (top first), re-interned into empty tables.
+  std::vector<std::vector<int32_t>> stacks;
+  bool acc = false;
+  for (int32_t k = state_begin_[size_t(cur_)]; k < state_begin_[size_t(cur_) + 1]; ++k) {
+    int32_t st = state_members_[size_t(k)];
+    if (st < 0) {
+      acc = true;
+      continue;
+    }
+    std::vector<int32_t> list;
+    for (; st >= 0; st = node_parent_[size_t(st)]) list.push_back(node_pos_[size_t(st)]);
+    stacks.push_back(std::move(list));
+  }
+  node_pos_.clear();
+  node_parent_.clear();
+  node_index_.clear();
+  state_begin_.assign(1, 0);
+  state_members_.clear();
+  state_index_.clear();
+  trans_.clear();
+  masks_.clear();
+  std::vector<int32_t> none;
+  intern_state(none);
+  std::vector<int32_t> ids;
+  if (acc) ids.push_back(-1);
+  for (const auto& list : stacks) {
+    int32_t parent = -1;
+    for (auto p = list.rbegin(); p != list.rend(); ++p) parent = intern_stack(*p, parent);
+    ids.push_back(parent);
+  }
+  cur_ = intern_state(ids);
+}
+
+}  // namespace kd::grammar

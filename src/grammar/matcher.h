@@ -1,0 +1,108 @@
+// Runs a byte-level Grammar over committed tokens and computes which tokens may come next.
+//
+// The grammar is a pushdown automaton: a *stack* is the element to match next, then the return
+// points of the rules it is inside (a persistent list, interned, so equal stacks are one id), and a
+// parser *state* is the set of stacks still alive (an ambiguous grammar keeps several). States are
+// interned too, and every (state, byte) → state transition is remembered, so the automaton is a DFA
+// built lazily as bytes are seen: after the first visit, following a token's bytes is one table
+// lookup a byte. Calls into rules push their return point unless it ends the alternative (a tail
+// call), so `x*` written as right recursion runs in constant depth. Left recursion is refused when
+// the grammar is built (grammar.h).
+//
+// A mask walks the vocabulary trie (vocab_trie.h) from the state: a rejected byte prunes its whole
+// subtree; each token whose bytes are all accepted is allowed. Masks are cached per state, so a
+// state seen again (inside a JSON string, between array items) costs a copy. Stop ids are allowed
+// exactly where the grammar may end; other special tokens never are.
+//
+// Not thread-safe: one Matcher per sequence (the grammar and trie it reads are shared, read-only).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/grammar.h"
+#include "grammar/vocab_trie.h"
+
+namespace kd::grammar {
+
+// A Grammar flattened for the matcher: each alternative is a run of elements ending in `end`.
+struct CompiledGrammar {
+  struct Elem {
+    uint8_t kind;   // 0 bytes, 1 rule, 2 end of alternative
+    int32_t index;  // bytes: set index; rule: rule id
+  };
+  explicit CompiledGrammar(const Grammar& g);
+  std::vector<Elem> elems;
+  std::vector<std::vector<int32_t>> alt_starts;  // [rules] → positions in elems
+  std::vector<ByteSet> sets;
+  std::vector<std::string> names;
+  int32_t root = 0;
+};
+
+class Matcher {
+ public:
+  using State = int32_t;
+  static constexpr State kDead = 0;  // no stack left: the bytes so far are not a prefix of the language
+
+  Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids);
+
+  State state() const { return cur_; }
+  State advance(State s, uint8_t byte);
+  State advance_bytes(State s, std::string_view bytes);
+  // The state after token `id`: kDead for a rejected token, any special token, and stop ids.
+  State advance_token(State s, int32_t id);
+  bool accepting(State s) const;     // the grammar may end here
+  bool can_continue(State s) const;  // some byte may follow
+
+  // Allowed tokens in `s`: bit id of word id / 32. Valid until the next call on this matcher.
+  const std::vector<uint32_t>& mask(State s);
+  bool allowed(State s, int32_t id);
+  // Sets disallowed logits[0, vocab) to −inf (the mask of the current state).
+  void apply(float* logits);
+
+  // Commits token `id`: false (state unchanged) if the grammar does not allow it. A stop id is
+  // accepted where the grammar may end and leaves the state as it is (generation ends there).
+  bool commit(int32_t id);
+  bool accepting() const { return accepting(cur_); }
+  // The grammar is complete and nothing may follow: generation must stop here.
+  bool finished() const { return accepting(cur_) && !can_continue(cur_); }
+
+  // Work done so far, for tests and the perf notes.
+  struct Stats {
+    int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0;
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  int32_t intern_stack(int32_t pos, int32_t parent);
+  void closure(int32_t pos, int32_t parent, std::vector<int32_t>& out);
+  State intern_state(std::vector<int32_t>& stacks);
+  void reset_tables();  // drops the memo, keeping the current state's stacks
+
+  std::shared_ptr<const CompiledGrammar> g_;
+  std::shared_ptr<const VocabTrie> vocab_;
+  std::vector<int32_t> stop_ids_;
+  State cur_ = kDead;
+
+  std::vector<int32_t> node_pos_, node_parent_;        // [stacks] top element, rest of the stack (−1: bottom)
+  std::unordered_map<uint64_t, int32_t> node_index_;   // (pos, parent) → stack
+  std::vector<int32_t> state_begin_, state_members_;   // [states + 1] → sorted stacks (−1: the empty stack, accepting)
+  std::unordered_map<std::string, int32_t> state_index_;
+  std::unordered_map<uint64_t, int32_t> trans_;        // state << 8 | byte → state
+  std::unordered_map<int32_t, std::vector<uint32_t>> masks_;
+  std::vector<uint32_t> mask_out_;
+  std::vector<int32_t> walk_;                          // [max depth + 1] states along the trie path
+  std::vector<std::pair<int32_t, int32_t>> work_;      // closure worklist
+  Stats stats_;
+};
+
+// Everything a request needs to build its matcher: the compiled grammar and the vocabulary.
+struct GrammarSpec {
+  std::shared_ptr<const CompiledGrammar> grammar;
+  std::shared_ptr<const VocabTrie> vocab;
+};
+
+}  // namespace kd::grammar
