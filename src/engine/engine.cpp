@@ -346,12 +346,39 @@ void Engine::Impl::post_sample(EngineSeq& s) {
   // argmax outputs (greedy), the device's argmax, which is sample()'s greedy choice; a row it cannot
   // settle (a NaN, nothing selectable) goes to sample(), which names the problem.
   auto choose = [&](int32_t row, int64_t pos) {
+    if (s.matcher) {
+      // Constrained: the device's argmax stands when the grammar allows it (it is then the masked
+      // argmax too); otherwise the row is masked on the host. The walk commits each choice before
+      // the next node's, so the matcher is at this node's state (DDTree included).
+      if (s.step_argmax && s.am_ids[size_t(row)] >= 0 && s.am_vals[size_t(row)] != -INFINITY &&
+          s.matcher->allowed(s.matcher->state(), s.am_ids[size_t(row)]))
+        return s.am_ids[size_t(row)];
+      const float* lg = row_of(row);
+      s.masked.assign(lg, lg + V);
+      const int64_t n_vocab = std::min<int64_t>(V, s.req.grammar.vocab->vocab_size());
+      s.matcher->apply(s.masked.data(), n_vocab);
+      std::fill(s.masked.begin() + n_vocab, s.masked.end(), -INFINITY);  // padded lm_head rows are no tokens
+      return sample(s.masked.data(), int32_t(V), sp, position_uniform(sp.seed, seq_id, uint64_t(pos)));
+    }
     if (s.step_argmax && s.am_ids[size_t(row)] >= 0 && s.am_vals[size_t(row)] != -INFINITY) return s.am_ids[size_t(row)];
     return sample(row_of(row), int32_t(V), sp, position_uniform(sp.seed, seq_id, uint64_t(pos)));
   };
   // (A row whose token is emitted is read whole only when kept or asked for logprobs: never with
-  // argmax outputs, which are asked only when neither is.)
-  auto commit = [&](int32_t tok, int32_t row) { return commit_token(s, tok, s.step_argmax ? nullptr : row_of(row)); };
+  // argmax outputs, which are asked only when neither is.) Constrained rows report the masked row.
+  auto commit = [&](int32_t tok, int32_t row) {
+    if (s.matcher) {
+      if (!s.matcher->commit(tok)) fail("internal: the grammar rejected token ", tok, " it allowed");
+      const float* lg = s.step_argmax && s.masked.empty() ? nullptr : (s.masked.empty() ? row_of(row) : s.masked.data());
+      bool more = commit_token(s, tok, lg);
+      s.masked.clear();
+      if (more && s.matcher->finished()) {
+        s.ev.finish_reason = "stop";  // the grammar is complete and nothing may follow
+        more = false;
+      }
+      return more;
+    }
+    return commit_token(s, tok, s.step_argmax ? nullptr : row_of(row));
+  };
   if (!s.round) {
     if (!s.step_logits) return;
     // The token at position tokens.size(), exactly as the AR reference draws it.
@@ -436,6 +463,7 @@ void Engine::Impl::finish(EngineSeq& s, const std::string& reason, const std::st
   s.stats.decode_ms = (t - s.t_first) * 1e3;
   s.ev.done = true;
   s.ev.finish_reason = reason;
+  s.ev.grammar_incomplete = s.matcher && !s.matcher->accepting();
   s.ev.error = error;
   s.ev.stats = s.stats;
   {
@@ -629,6 +657,11 @@ uint64_t Engine::submit(EngineRequest req) {
     fail("the ", I.target.device(), " target runs the absorbed MLA form only: use --decode-attn absorbed");
   s->lim = check_generation(I.target.config(), req.prompt, gen);
   s->tokens = req.prompt;
+  if (req.grammar.grammar || req.grammar.vocab) {
+    if (!req.grammar.grammar || !req.grammar.vocab) fail("engine: a constrained request needs both a grammar and a vocabulary");
+    s->matcher = std::make_unique<grammar::Matcher>(req.grammar.grammar, req.grammar.vocab,
+                                                    gen.ignore_eos ? std::vector<int32_t>{} : gen.stop_ids);
+  }
   s->req = std::move(req);
   const int64_t need = I.blocks_for(*s);
   if (need > I.pool.n_blocks())

@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "decode/generate.h"
+#include "grammar/matcher.h"
 #include "model/drafter.h"
 #include "model/target.h"
 
@@ -78,6 +79,7 @@ struct EngineEvent {
   std::string error;                   // when finish_reason == "error"
   RequestStats stats;                  // complete when done
   std::vector<float> logits;           // [ids.size(), vocab] each token was drawn from, when gen.keep_logits
+  bool grammar_incomplete = false;     // when done: constrained, and the output is not a complete sentence of the grammar
 };
 
 struct EngineRequest {
@@ -88,6 +90,11 @@ struct EngineRequest {
   // gen.keep_logits fills EngineEvent::logits (tests, --dump-logits).
   GenerateOptions gen;
   int32_t top_logprobs = -1;  // -1: no logprobs; 0…20: the chosen token's logprob and k alternatives
+  // Constrained decoding (response_format, grammar): every token is drawn from the logits with the
+  // tokens the grammar forbids at −inf (greedy and seeded sampling alike; logprobs are of that
+  // masked distribution). The stop ids (unless ignore_eos) are allowed where the grammar may end;
+  // where it is complete and nothing may follow, the sequence ends with "stop". Empty: unconstrained.
+  grammar::GrammarSpec grammar;
   // Called on the engine thread whenever tokens are committed and exactly once with done = true.
   // Must be quick and must not call back into the engine. Return false to cancel (client gone, a stop
   // string matched): the sequence and its KV blocks are freed before the next step, and a final

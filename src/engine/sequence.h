@@ -44,6 +44,8 @@ struct EngineSeq {
   std::vector<float> taps;        // [step_rows, n_taps, hidden]
   const float* dev_taps = nullptr;  // device taps of this step (device_taps)
   std::unique_ptr<DraftRound> round;
+  std::unique_ptr<grammar::Matcher> matcher;  // constrained requests: the grammar's state after the committed tokens
+  std::vector<float> masked;                  // [vocab] the logits row with the grammar's mask applied
 
   // Timing, stats, and the event being built.
   double t_submit = 0, t_admit = 0, t_first = 0;

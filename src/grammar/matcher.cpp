@@ -10,9 +10,10 @@ namespace kd::grammar {
 namespace {
 
 constexpr uint8_t kBytes = 0, kRule = 1, kEnd = 2;
-// The memo is dropped (keeping the current state) past these sizes, so a long generation through a
-// grammar with many contexts cannot grow it without bound.
-constexpr size_t kMaxStacks = 2'000'000, kMaxTransitions = 4'000'000, kMaxMasks = 256;
+// Masks kept per matcher (each vocab/8 bytes: 20 KB for Kimi). The memo of stacks and transitions
+// is dropped (keeping the current state) past set_memo_limits' sizes, so a long generation through
+// a grammar with many contexts cannot grow it without bound.
+constexpr size_t kMaxMasks = 256;
 
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
@@ -178,10 +179,10 @@ bool Matcher::allowed(State s, int32_t id) {
   return advance_token(s, id) != kDead;
 }
 
-void Matcher::apply(float* logits) {
+void Matcher::apply(float* logits, int64_t n) {
   const std::vector<uint32_t>& m = mask(cur_);
-  const int32_t n = vocab_->vocab_size();
-  for (int32_t i = 0; i < n; ++i)
+  n = std::min<int64_t>(n, vocab_->vocab_size());
+  for (int64_t i = 0; i < n; ++i)
     if (!((m[size_t(i) >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
 }
 
@@ -190,7 +191,7 @@ bool Matcher::commit(int32_t id) {
   const State t = advance_token(cur_, id);
   if (t == kDead) return false;
   cur_ = t;
-  if (node_pos_.size() > kMaxStacks || trans_.size() > kMaxTransitions) reset_tables();
+  if (node_pos_.size() > max_stacks_ || trans_.size() > max_transitions_) reset_tables();
   return true;
 }
 
@@ -226,6 +227,7 @@ void Matcher::reset_tables() {
     ids.push_back(parent);
   }
   cur_ = intern_state(ids);
+  ++stats_.resets;
 }
 
 }  // namespace kd::grammar

@@ -60,8 +60,8 @@ class Matcher {
   // Allowed tokens in `s`: bit id of word id / 32. Valid until the next call on this matcher.
   const std::vector<uint32_t>& mask(State s);
   bool allowed(State s, int32_t id);
-  // Sets disallowed logits[0, vocab) to −inf (the mask of the current state).
-  void apply(float* logits);
+  // Sets disallowed logits[0, n) to −inf (the mask of the current state; n ≤ the vocabulary).
+  void apply(float* logits, int64_t n);
 
   // Commits token `id`: false (state unchanged) if the grammar does not allow it. A stop id is
   // accepted where the grammar may end and leaves the state as it is (generation ends there).
@@ -72,9 +72,11 @@ class Matcher {
 
   // Work done so far, for tests and the perf notes.
   struct Stats {
-    int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0;
+    int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0, resets = 0;
   };
   const Stats& stats() const { return stats_; }
+  // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.
+  void set_memo_limits(size_t max_stacks, size_t max_transitions) { max_stacks_ = max_stacks, max_transitions_ = max_transitions; }
 
  private:
   int32_t intern_stack(int32_t pos, int32_t parent);
@@ -97,6 +99,7 @@ class Matcher {
   std::vector<int32_t> walk_;                          // [max depth + 1] states along the trie path
   std::vector<std::pair<int32_t, int32_t>> work_;      // closure worklist
   Stats stats_;
+  size_t max_stacks_ = 2'000'000, max_transitions_ = 4'000'000;
 };
 
 // Everything a request needs to build its matcher: the compiled grammar and the vocabulary.

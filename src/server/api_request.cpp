@@ -104,15 +104,43 @@ void refuse_unsupported(const json& body) {
     if (!lb->is_object()) wrong_type("logit_bias", "an object", *lb);
     if (!lb->empty()) bad_request("logit_bias", "'logit_bias': not supported");
   }
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    if (string_or(*rf, "type", "text") != "text")
-      bad_request("response_format", "'response_format': only {\"type\": \"text\"} is supported");
-  }
   for (const char* p : {"functions", "function_call"})
     if (field(body, p)) bad_request(p, cat("'", p, "': the legacy function-calling fields are not supported; use 'tools'"));
   if (auto p = get_bool(body, "parallel_tool_calls"); p && !*p)
     bad_request("parallel_tool_calls", "'parallel_tool_calls': false cannot be enforced (Kimi may emit several calls)");
+}
+
+// response_format and grammar. The schema is re-read from the body text in document order: JSON
+// objects here are key-sorted, and properties are generated in the schema's order.
+void parse_constraint(const json& body, std::string_view body_text, ApiRequest& r) {
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+    const std::string type = string_or(*rf, "type", "text");
+    if (type == "json_object") {
+      r.constraint = ApiRequest::Constraint::json_object;
+    } else if (type == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object())
+        bad_request("response_format", "'response_format.json_schema': expected an object with 'schema'");
+      auto sc = js->find("schema");
+      if (sc == js->end() || !(sc->is_object() || sc->is_boolean()))
+        bad_request("response_format", "'response_format.json_schema.schema': expected a JSON Schema object");
+      if (auto st = js->find("strict"); st != js->end() && !st->is_null()) {
+        if (!st->is_boolean()) bad_request("response_format", "'response_format.json_schema.strict': expected a boolean");
+        r.constraint_strict = st->get<bool>();
+      }
+      r.constraint = ApiRequest::Constraint::json_schema;
+      r.constraint_source = nlohmann::ordered_json::parse(body_text)["response_format"]["json_schema"]["schema"].dump();
+    } else if (type != "text") {
+      bad_request("response_format", cat("'response_format.type': expected \"text\", \"json_object\" or \"json_schema\", got '",
+                                         escaped_excerpt(type, 40), "'"));
+    }
+  }
+  if (auto g = get_string(body, "grammar"); g && !g->empty()) {
+    if (r.constraint != ApiRequest::Constraint::none) bad_request("grammar", "'grammar' and 'response_format' cannot both constrain the output");
+    r.constraint = ApiRequest::Constraint::gbnf;
+    r.constraint_source = *g;
+  }
 }
 
 void parse_sampling(const json& body, ApiRequest& r) {
@@ -306,6 +334,7 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body_text) {
   r.endpoint = endpoint;
   if (auto m = get_string(body, "model")) r.model = *m;
   refuse_unsupported(body);
+  parse_constraint(body, body_text, r);
   parse_sampling(body, r);
   parse_logprobs(body, r);
   if (endpoint == Endpoint::chat) {

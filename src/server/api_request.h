@@ -55,6 +55,11 @@ struct ApiRequest {
   std::vector<std::string> stop;
   bool stream = false, include_usage = false, ignore_eos = false;
   int32_t top_logprobs = -1;  // -1: no logprobs; else 0…20 alternatives per token
+  // Constrained output: response_format {type: json_object} / {type: json_schema, json_schema:
+  // {schema, strict}} (either route), or llama.cpp's `grammar` (GBNF text). Compiled in prepare.
+  enum class Constraint { none, json_object, json_schema, gbnf } constraint = Constraint::none;
+  std::string constraint_source;  // the schema as JSON text (key order kept) or the GBNF text
+  bool constraint_strict = false;  // json_schema.strict
 };
 
 constexpr size_t kMaxStopStrings = 16;

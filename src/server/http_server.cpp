@@ -223,6 +223,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
   er.prompt = prep.prompt;
   er.gen = prep.gen;
   er.top_logprobs = prep.top_logprobs;
+  er.grammar = prep.grammar;
   er.on_event = [ch](const EngineEvent& ev) {
     {
       std::lock_guard<std::mutex> lk(ch->mu);
@@ -300,6 +301,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
           emit(error_json(503, "unavailable_error", "request cancelled (server shutting down)"));
           return false;
         }
+        if (ev.grammar_incomplete) builder->set_grammar_incomplete();
         for (const std::string& p : builder->finish(ev.finish_reason, ev.stats)) emit(p);
         const double e2e = seconds_since(t_arrival);
         if (!first) {

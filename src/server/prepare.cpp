@@ -1,5 +1,8 @@
 #include "server/prepare.h"
 
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +60,41 @@ std::vector<int32_t> stop_ids_for(const ApiRequest& req, const ServedModel& m) {
   return ids;
 }
 
+// response_format / grammar → the compiled grammar (a 400 naming the schema path or the GBNF line)
+// and the tokenizer's trie. JSON is written with the separators json.dumps uses (", " and ": "), so
+// a model is never free to pad with whitespace until max_tokens.
+grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel& m) {
+  namespace gr = kd::grammar;
+  const std::string param = req.constraint == ApiRequest::Constraint::gbnf ? "grammar" : "response_format";
+  gr::GrammarSpec spec;
+  try {
+    gr::JsonGrammarOptions jo;
+    jo.any_whitespace = false;
+    jo.strict = req.constraint_strict;
+    gr::Grammar g;
+    switch (req.constraint) {
+      case ApiRequest::Constraint::json_object:
+        g = gr::parse_gbnf(gr::json_object_gbnf(jo));
+        break;
+      case ApiRequest::Constraint::json_schema:
+        g = gr::json_schema_grammar(nlohmann::ordered_json::parse(req.constraint_source), jo);
+        break;
+      case ApiRequest::Constraint::gbnf:
+        g = gr::parse_gbnf(req.constraint_source);
+        break;
+      case ApiRequest::Constraint::none:
+        return spec;
+    }
+    spec.grammar = std::make_shared<const gr::CompiledGrammar>(g);
+  } catch (const Error& e) {
+    bad_request(param, cat("'", param, "': ", e.what()));
+  }
+  ServedModel::LazyVocab& lv = *m.grammar_vocab;
+  std::call_once(lv.once, [&] { lv.trie = std::make_shared<const gr::VocabTrie>(gr::VocabTrie::from_tokenizer(*m.tokenizer)); });
+  spec.vocab = lv.trie;
+  return spec;
+}
+
 int count_tool_calls(const std::vector<ChatMessage>& msgs) {
   int n = 0;
   for (const auto& m : msgs) n += int(m.tool_calls.size());
@@ -110,6 +148,12 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
         prefill += cat("<|tool_call_begin|>functions.", req.tool_choice_name, ":", count_tool_calls(req.messages),
                        "<|tool_call_argument_begin|>");
     }
+    // Constrained output has no reasoning either: the grammar covers the whole answer.
+    if (req.constraint != ApiRequest::Constraint::none) {
+      if (req.tool_choice == ToolChoice::required || req.tool_choice == ToolChoice::named)
+        bad_request("tool_choice", "'tool_choice' forces a tool call, which 'response_format' / 'grammar' does not allow");
+      if (in_reasoning) prefill = "</think>";
+    }
     p.prompt = m.tokenizer->encode(text + prefill, /*parse_special=*/true);
     ro.parse_output = kimi;
     ro.parser.starts_in_reasoning = in_reasoning;
@@ -147,6 +191,7 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
   g.seq_id = 0;  // samples depend on (seed, position) only, never on what else runs
   p.top_logprobs = req.top_logprobs;
   if (!req.ignore_eos) ro.hidden_ids = g.stop_ids;
+  if (req.constraint != ApiRequest::Constraint::none) p.grammar = compile_constraint(req, m);
   return p;
 }
 

@@ -7,6 +7,11 @@
 
 namespace kd {
 
+namespace {
+const char* const kGrammarIncomplete =
+    "max_tokens ended the output before the grammar (response_format / grammar) was complete: the text is a prefix of a valid answer, not a valid answer";
+}  // namespace
+
 using ojson = nlohmann::ordered_json;
 
 namespace {
@@ -280,6 +285,7 @@ std::vector<std::string> ResponseBuilder::finish(const std::string& engine_reaso
   // The chunk that carries finish_reason has an empty delta, plus the timings (llama-server).
   ojson fin = ojson::parse(chunk(opt_.endpoint == Endpoint::chat ? "{}" : "", &reason, tokens_sent_ < answer_tokens()));
   fin["timings"] = timings_object(stats);
+  if (grammar_incomplete_ && reason == "length") fin["choices"][0]["error"] = kGrammarIncomplete;
   out.push_back(dump(fin));
   if (opt_.include_usage) {
     ojson u;
@@ -331,6 +337,7 @@ std::string ResponseBuilder::final_response(const RequestStats& stats) {
   }
   choice["logprobs"] = logprobs_object(0, answer_tokens());
   choice["finish_reason"] = finish_reason_;
+  if (grammar_incomplete_ && finish_reason_ == "length") choice["error"] = kGrammarIncomplete;
   r["choices"] = ojson::array({choice});
   r["usage"] = {{"prompt_tokens", opt_.n_prompt},
                 {"completion_tokens", n_generated_},

@@ -55,6 +55,10 @@ class ResponseBuilder {
   // when asked) — the caller then sends `data: [DONE]`. Non-streaming: one payload, the response.
   std::vector<std::string> finish(const std::string& engine_reason, const RequestStats& stats);
 
+  // Constrained output that max_tokens cut before the grammar was complete: the final choice says so
+  // in a non-standard "error" field (finish_reason stays "length").
+  void set_grammar_incomplete() { grammar_incomplete_ = true; }
+
   const std::string& text() const { return text_; }  // generated text so far (stop-truncated)
   std::string finish_reason() const { return finish_reason_; }
   int64_t n_generated() const { return n_generated_; }
@@ -86,6 +90,7 @@ class ResponseBuilder {
   bool role_sent_ = false;
   std::optional<StreamingOutputParser> parser_;
   std::string finish_reason_;
+  bool grammar_incomplete_ = false;
 };
 
 // llama.cpp-style timings plus the speculative statistics.

@@ -68,7 +68,13 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSGS, "chat_template_kwargs": {"thinking": "on"}}, "thinking", []),
     (CHAT, {"messages": MSGS, "presence_penalty": 0.5}, "presence_penalty", ["not supported"]),
     (CHAT, {"messages": MSGS, "logit_bias": {"1": 5}}, "logit_bias", []),
-    (CHAT, {"messages": MSGS, "response_format": {"type": "json_object"}}, "response_format", []),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"x": {"patternProperties": {}}}}}}}, "response_format",
+     ["$.properties.x.patternProperties: not supported"]),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "json_schema"}}, "response_format", ["schema"]),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "regex"}}, "response_format", []),
+    (COMP, {"prompt": "x", "grammar": "root ::= foo"}, "grammar", ["'foo' is used but never defined"]),
+    (COMP, {"prompt": "x", "grammar": "root ::= root \"a\" | \"b\""}, "grammar", ["left-recursive"]),
     (CHAT, {"messages": MSGS, "functions": []}, "functions", []),
     # nested fields of the wrong type are refused as values, never a 500
     (CHAT, {"messages": MSGS, "tools": [{"type": 3}]}, "tools[0]", []),

@@ -1,0 +1,174 @@
+"""Constrained output (issue 20): response_format json_schema / json_object on /v1/chat/completions and
+llama.cpp's `grammar` on /v1/completions, through the official openai client. Every answer that the
+grammar completed is validated by `jsonschema` (the independent reference); answers cut by max_tokens
+must say so. The tiny model is random, so sampled answers wander: the schemas bound their strings and
+arrays so that answers end. Requests run alone and concurrently (batched in the engine), streamed and
+not, greedy and sampled, with plain decoding and with DDTree (whose answers must equal plain decoding's).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import pytest
+from conftest import BIN, Server
+
+MSGS = [{"role": "user", "content": "Answer in JSON."}]
+
+WEATHER = {  # an OpenAI-style strict tool schema
+    "type": "object",
+    "properties": {
+        "location": {"type": "string", "maxLength": 10},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"},
+    },
+    "required": ["location", "unit", "days"],
+    "additionalProperties": False,
+}
+SCHEMAS = {
+    "weather": WEATHER,
+    "nested": {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
+            "score": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "kind": {"const": "report"},
+        },
+        "required": ["ok", "tags", "kind"],
+        "additionalProperties": False,
+    },
+    "refs": {
+        "$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                         "required": ["x", "y"], "additionalProperties": False}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"type": ["string", "null"], "maxLength": 6}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+    "list": {"type": "array", "items": {"enum": ["red", "green", 7, None]}, "minItems": 1, "maxItems": 5},
+}
+
+
+def response_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+def chat(client, schema, seed, temperature=1.0, stream=False, max_tokens=256):
+    kw = dict(model="tiny", messages=MSGS, seed=seed, temperature=temperature, max_tokens=max_tokens,
+              response_format=response_format(schema))
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        c = r.choices[0]
+        return c.message.content, c.finish_reason, (c.model_extra or {}).get("error")
+    text, finish, err = "", None, None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        c = ch.choices[0]
+        text += c.delta.content or ""
+        if c.finish_reason:
+            finish, err = c.finish_reason, (c.model_extra or {}).get("error")
+    return text, finish, err
+
+
+def check(schema, text, finish, err):
+    """A completed answer validates; a cut one says so. Returns whether it completed."""
+    if finish == "stop":
+        jsonschema.validate(json.loads(text), schema)
+        assert err is None
+        return True
+    assert finish == "length", finish
+    assert err and "grammar" in err, err
+    return False
+
+
+def test_json_schema_answers_validate_batched_streamed_and_not(client):
+    jobs = [(name, seed, seed % 2 == 1) for name in SCHEMAS for seed in range(60)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda j: (j, chat(client, SCHEMAS[j[0]], seed=j[1], stream=j[2])), jobs))
+    done = {name: 0 for name in SCHEMAS}
+    for (name, seed, stream), (text, finish, err) in results:
+        try:
+            done[name] += check(SCHEMAS[name], text, finish, err)
+        except (jsonschema.ValidationError, json.JSONDecodeError, AssertionError) as e:
+            raise AssertionError(f"{name} seed {seed} stream {stream}: {text!r} ({finish}): {e}") from e
+    # The schemas are bounded: almost every sampled answer ends within max_tokens.
+    for name, n in done.items():
+        assert n >= 45, (name, n, "of 60 completed")
+
+
+def test_greedy_is_deterministic_and_alone_equals_batched(client):
+    alone = [chat(client, s, seed=0, temperature=0.0) for s in SCHEMAS.values()]
+    with ThreadPoolExecutor(4) as pool:
+        batched = list(pool.map(lambda s: chat(client, s, seed=0, temperature=0.0), SCHEMAS.values()))
+    assert alone == batched
+    for schema, (text, finish, err) in zip(SCHEMAS.values(), alone):
+        check(schema, text, finish, err)
+
+
+def test_seeded_sampling_is_reproducible(client):
+    a = chat(client, WEATHER, seed=11, temperature=0.9)
+    b = chat(client, WEATHER, seed=11, temperature=0.9, stream=True)
+    assert a == b
+    check(WEATHER, *a)
+
+
+def test_json_object_is_an_object(client):
+    # Free-form strings rarely close under a random model, so most answers are cut: those must say so.
+    for seed in range(8):
+        r = client.chat.completions.create(model="tiny", messages=MSGS, seed=seed, temperature=1.0, max_tokens=48,
+                                           response_format={"type": "json_object"})
+        c = r.choices[0]
+        if c.finish_reason == "stop":
+            assert isinstance(json.loads(c.message.content), dict)
+        else:
+            assert c.finish_reason == "length" and "grammar" in c.model_extra["error"]
+            assert c.message.content.startswith("{")
+
+
+def test_max_tokens_cut_says_so(client):
+    text, finish, err = chat(client, WEATHER, seed=3, max_tokens=3)
+    assert finish == "length" and "grammar" in err
+    head = '{"location": "'  # the only way the schema can start
+    assert text and (head.startswith(text) or text.startswith(head)), text
+
+
+def test_gbnf_grammar_on_completions(client):
+    grammar = 'root ::= ("yes" | "no") ", " digits "!"\ndigits ::= [0-9]{1,3}\n'
+    for seed in range(6):
+        r = client.completions.create(model="tiny", prompt="Is it?", seed=seed, temperature=1.0, max_tokens=32,
+                                      extra_body={"grammar": grammar})
+        c = r.choices[0]
+        assert c.finish_reason == "stop", c
+        assert re.fullmatch(r"(yes|no), [0-9]{1,3}!", c.text), c.text
+
+
+def test_unsupported_schema_is_400_naming_the_path(client, server):
+    status, _, r = server.post("/v1/chat/completions", {"messages": MSGS, "response_format": response_format(
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}})})
+    assert status == 400 and r["error"]["param"] == "response_format"
+    assert "$.properties.n.minimum: not supported" in r["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def spec_server(tiny_model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("drafter-grammar") / "tiny-dflash"
+    subprocess.run([str(BIN), "make-model", "--drafter-for", str(tiny_model), "--seed", "0", "-o", str(d), "--force"],
+                   check=True, capture_output=True)
+    s = Server(tiny_model, tmp_path_factory.mktemp("spec-grammar") / "serve.log", "--draft", d, "--budget", "4", "--parallel", "4")
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (1.0, 5), (1.0, 8)])
+def test_ddtree_under_a_grammar_equals_plain_decoding(client, spec_server, temperature, seed):
+    spec = spec_server.client()
+    for name, schema in SCHEMAS.items():
+        plain = chat(client, schema, seed=seed, temperature=temperature)
+        tree = chat(spec, schema, seed=seed, temperature=temperature)
+        assert tree == plain, name
+        check(schema, *tree)

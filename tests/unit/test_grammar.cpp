@@ -1,0 +1,245 @@
+// The grammar engine's parts (src/grammar/): UTF-8 range encoding checked against every code point,
+// GBNF / JSON Schema / regex front ends (their languages on hand-picked sentences, their errors by
+// line or JSON path), and the matcher (characters split across tokens, stop ids, the memo reset).
+// The masks themselves are compared with xgrammar's in test_grammar_xgrammar.cpp.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/regex.h"
+
+namespace {
+
+namespace g = kd::grammar;
+using ojson = nlohmann::ordered_json;
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xC0 | (cp >> 6)), s += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += char(0xE0 | (cp >> 12)), s += char(0x80 | ((cp >> 6) & 0x3F)), s += char(0x80 | (cp & 0x3F));
+  } else {
+    s += char(0xF0 | (cp >> 18)), s += char(0x80 | ((cp >> 12) & 0x3F)), s += char(0x80 | ((cp >> 6) & 0x3F)), s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// A matcher over a vocabulary of the 256 single bytes plus `extra` tokens, stop id = last.
+struct Fixture {
+  std::shared_ptr<const g::VocabTrie> vocab;
+  int32_t stop = 0;
+  explicit Fixture(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> v;
+    for (int b = 0; b < 256; ++b) v.push_back(std::string(1, char(b)));
+    v.insert(v.end(), extra.begin(), extra.end());
+    v.push_back("<eos>");
+    std::vector<bool> special(v.size(), false);
+    special.back() = true;
+    stop = int32_t(v.size() - 1);
+    vocab = std::make_shared<const g::VocabTrie>(v, special);
+  }
+  g::Matcher matcher(const g::Grammar& gr) const {
+    return g::Matcher(std::make_shared<const g::CompiledGrammar>(gr), vocab, {stop});
+  }
+};
+
+// Whether the grammar's language contains `text` (fed byte by byte).
+bool accepts(const g::Grammar& gr, const std::string& text) {
+  static const Fixture fx;
+  g::Matcher m = fx.matcher(gr);
+  const auto s = m.advance_bytes(m.state(), text);
+  return s != g::Matcher::kDead && m.accepting(s);
+}
+
+TEST(Grammar, Utf8RangesCoverExactlyTheScalarValues) {
+  // Each range's byte sequences must match exactly the encodings of its code points.
+  for (auto [lo, hi] : std::vector<std::pair<uint32_t, uint32_t>>{{0, 0x10FFFF}, {0x7F, 0x800}, {0xD000, 0xE100}, {0x1234, 0x1F600}, {'a', 'a'}}) {
+    const auto seqs = g::utf8_ranges(lo, hi);
+    auto matched = [&](const std::string& b) {
+      int n = 0;
+      for (const auto& s : seqs) {
+        if (s.size() != b.size()) continue;
+        bool ok = true;
+        for (size_t i = 0; i < s.size(); ++i) ok = ok && uint8_t(b[i]) >= s[i].first && uint8_t(b[i]) <= s[i].second;
+        n += ok;
+      }
+      return n;
+    };
+    uint64_t covered = 0;  // byte strings the sequences describe, counted as products of ranges
+    for (const auto& s : seqs) {
+      uint64_t p = 1;
+      for (auto [a, b] : s) p *= uint64_t(b - a + 1);
+      covered += p;
+    }
+    uint64_t scalars = 0;
+    for (uint32_t cp = lo; cp <= hi; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+      ++scalars;
+      ASSERT_EQ(matched(utf8(cp)), 1) << std::hex << cp;
+    }
+    EXPECT_EQ(covered, scalars) << std::hex << lo << "-" << hi;  // nothing else (no surrogates, no overlongs)
+  }
+}
+
+TEST(Grammar, GbnfLanguage) {
+  const g::Grammar gr = g::parse_gbnf(R"(
+    # a comment
+    root ::= item ("," item)*
+    item ::= [a-c]+ | "\x41" | num{2,3} | [^\x00-\x7F]
+    num  ::= [0-9]
+  )");
+  for (const char* ok : {"a", "abc,b", "A", "12,345", "é", "中,a"}) EXPECT_TRUE(accepts(gr, ok)) << ok;
+  for (const char* bad : {"", "d", "1", "1234", "a,", "ab c", "\xC3"}) EXPECT_FALSE(accepts(gr, bad)) << bad;
+  EXPECT_TRUE(accepts(g::parse_gbnf("root ::= .{2}"), "€x"));
+  EXPECT_FALSE(accepts(g::parse_gbnf("root ::= .{2}"), "€"));
+  EXPECT_TRUE(accepts(g::parse_gbnf("root ::= \"\" | \"x\"?"), ""));
+}
+
+TEST(Grammar, GbnfErrorsNameTheProblem) {
+  auto msg = [](const char* src) {
+    try {
+      g::parse_gbnf(src);
+    } catch (const kd::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg("root ::= x").find("'x' is used but never defined"), std::string::npos);
+  EXPECT_NE(msg("a ::= \"a\"").find("no 'root' rule"), std::string::npos);
+  EXPECT_NE(msg("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
+  EXPECT_NE(msg("root ::= (\"a\"? )* \"b\"").find("left-recursive"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a\"\n  \"b").find("line 2"), std::string::npos);
+  EXPECT_NE(msg("root ::= <[123]>").find("token references"), std::string::npos);
+  EXPECT_NE(msg("root ::= [z-a]").find("backwards"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a\"{5,2}").find("n < m"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a\"{99999}").find("above"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
+  EXPECT_NE(msg(("root ::= " + std::string(300, '(')).c_str()).find("nested deeper"), std::string::npos);
+  EXPECT_NE(msg("root ::= \"\\q\"").find("unknown escape"), std::string::npos);
+}
+
+TEST(Grammar, JsonSchemaLanguage) {
+  const ojson schema = ojson::parse(R"({
+    "type": "object",
+    "properties": {"b": {"type": "integer"}, "a": {"type": "array", "items": {"enum": ["x", null]}, "maxItems": 2},
+                   "s": {"type": "string", "pattern": "^q\"[0-9]+$"}},
+    "required": ["b"], "additionalProperties": false})");
+  g::JsonGrammarOptions compact;
+  compact.any_whitespace = false;
+  compact.item_separator = ",";
+  compact.key_separator = ":";
+  const g::Grammar gr = g::json_schema_grammar(schema, compact);
+  for (const char* ok : {R"({"b":0})", R"({"b":-12,"a":[]})", R"({"b":3,"a":["x",null]})", R"({"b":1,"s":"q\"42"})"})
+    EXPECT_TRUE(accepts(gr, ok)) << ok;
+  for (const char* bad : {R"({})", R"({"a":[],"b":1})", R"({"b":01})", R"({"b":-0})", R"({"b":1,"a":["x","x","x"]})",
+                          R"({"b":1,"c":2})", R"({"b":1,"s":"q\"4a"})", R"({"b":1, "a":[]})"})
+    EXPECT_FALSE(accepts(gr, bad)) << bad;
+  // Whitespace anywhere between tokens when asked; a recursive $ref.
+  const ojson tree = ojson::parse(R"({"$defs": {"n": {"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                                                 "required": ["k"], "additionalProperties": false}}, "$ref": "#/$defs/n"})");
+  const g::Grammar t = g::json_schema_grammar(tree);
+  EXPECT_TRUE(accepts(t, "{ \"k\" :\n[ {\"k\": []} ,{\"k\":[{\"k\":[]}]}] }"));
+  EXPECT_FALSE(accepts(t, "{\"k\": [{}]}"));
+  // Not strict: undeclared properties are allowed (JSON Schema's default), but never a declared name again.
+  g::JsonGrammarOptions loose;
+  loose.strict = false;
+  const g::Grammar l = g::json_schema_grammar(ojson::parse(R"({"type": "object", "properties": {"id": {"type": "integer"}}})"), loose);
+  EXPECT_TRUE(accepts(l, R"({"id": 1, "x": [true, {"y": null}], "i": "é"})"));
+  EXPECT_TRUE(accepts(l, R"({"idx": 1})"));
+  EXPECT_FALSE(accepts(l, R"({"id": 1, "id": 2})"));
+}
+
+TEST(Grammar, JsonSchemaErrorsNameThePath) {
+  auto msg = [](const char* schema) {
+    try {
+      g::json_schema_grammar(ojson::parse(schema));
+    } catch (const kd::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(msg(R"({"type": "object", "properties": {"x": {"patternProperties": {}}}})"), "$.properties.x.patternProperties: not supported");
+  EXPECT_EQ(msg(R"({"type": "integer", "minimum": 1})"), "$.minimum: not supported");
+  EXPECT_EQ(msg(R"({"anyOf": [{"type": "string"}, {"not": {}}]})"), "$.anyOf[1].not: not supported");
+  EXPECT_NE(msg(R"({"$ref": "#/$defs/missing"})").find("points at nothing"), std::string::npos);
+  EXPECT_NE(msg(R"({"$ref": "http://example.com/s.json"})").find("inside the document"), std::string::npos);
+  EXPECT_NE(msg(R"({"type": "string", "pattern": "(a)\\1"})").find("$.pattern: regex offset 3"), std::string::npos);
+  EXPECT_NE(msg(R"({"type": "array", "minItems": 3, "maxItems": 1})").find("$.maxItems"), std::string::npos);
+  EXPECT_NE(msg(R"({"type": "frog"})").find("unknown type"), std::string::npos);
+  EXPECT_NE(msg(R"({"type": "object", "required": ["z"]})").find("$.required"), std::string::npos);
+  EXPECT_EQ(msg(R"(false)"), "$: the schema 'false' matches nothing");
+}
+
+TEST(Grammar, RegexLanguage) {
+  const g::Grammar r = g::regex_grammar(R"(\d{2,3}-[A-Z]+(x|yz)*\.[^a-c\n]?)");
+  for (const char* ok : {"12-A.", "123-ABC.d", "99-Zxyzx.é", "10-Q."}) EXPECT_TRUE(accepts(r, ok)) << ok;
+  for (const char* bad : {"1-A.", "1234-A.", "12-a.", "12-A.b", "12-Ay.", "12-A.dd"}) EXPECT_FALSE(accepts(r, bad)) << bad;
+  EXPECT_THROW(g::regex_grammar("a(?=b)"), kd::Error);
+  EXPECT_THROW(g::regex_grammar("\\bword"), kd::Error);
+  EXPECT_THROW(g::regex_grammar("(ab"), kd::Error);
+  EXPECT_THROW(g::regex_grammar("a{2"), kd::Error);
+}
+
+TEST(Grammar, MatcherSplitsCharactersAcrossTokensAndAllowsStopAtTheEnd) {
+  // "é" = C3 A9 and "中" = E4 B8 AD: the vocabulary has tokens that end and start inside them.
+  const Fixture fx({"a\xC3", "\xA9\xE4", "\xB8\xAD", "\xA9"});
+  g::Matcher m = fx.matcher(g::parse_gbnf("root ::= \"a\" [é中]+"));
+  const int32_t a_c3 = 256, a9_e4 = 257, b8ad = 258, a9 = 259;
+  EXPECT_TRUE(m.allowed(m.state(), a_c3));
+  EXPECT_FALSE(m.allowed(m.state(), a9));
+  EXPECT_FALSE(m.allowed(m.state(), fx.stop));
+  ASSERT_TRUE(m.commit(a_c3));
+  EXPECT_FALSE(m.accepting());
+  EXPECT_TRUE(m.allowed(m.state(), a9));
+  EXPECT_TRUE(m.allowed(m.state(), a9_e4));
+  EXPECT_FALSE(m.allowed(m.state(), b8ad));
+  ASSERT_TRUE(m.commit(a9_e4));
+  ASSERT_TRUE(m.commit(b8ad));
+  EXPECT_TRUE(m.accepting());
+  const auto& mask = m.mask(m.state());
+  EXPECT_TRUE((mask[size_t(fx.stop) >> 5] >> (fx.stop & 31)) & 1);
+  EXPECT_FALSE(m.finished());  // more characters may follow
+  EXPECT_TRUE(m.commit(fx.stop));
+  EXPECT_FALSE(m.commit('b'));  // rejected, state unchanged
+  EXPECT_TRUE(m.accepting());
+  // A mask asked twice in one state is the cached one, and equals a fresh walk.
+  g::Matcher m2 = fx.matcher(g::parse_gbnf("root ::= \"a\" [é中]+"));
+  m2.commit(a_c3);
+  const std::vector<uint32_t> first = m2.mask(m2.state());
+  EXPECT_EQ(m2.mask(m2.state()), first);
+  EXPECT_EQ(m2.stats().masks_cached, 1);
+}
+
+TEST(Grammar, LongGenerationsKeepTheMemoBounded) {
+  // 300 nested lists: the stacks grow with depth; the matcher still follows a deep, long document.
+  const Fixture fx;
+  g::Matcher m = fx.matcher(g::parse_gbnf("root ::= v\nv ::= \"[\" (v (\",\" v)*)? \"]\" | [0-9]+\n"));
+  std::string doc;
+  for (int i = 0; i < 300; ++i) doc += "[1,";
+  doc += "2";
+  for (int i = 0; i < 300; ++i) doc += "]";
+  g::Matcher small = fx.matcher(g::parse_gbnf("root ::= v\nv ::= \"[\" (v (\",\" v)*)? \"]\" | [0-9]+\n"));
+  small.set_memo_limits(64, 64);
+  for (unsigned char c : doc) {
+    ASSERT_EQ(small.mask(small.state()), m.mask(m.state())) << "at byte " << int(c);
+    ASSERT_TRUE(m.commit(int32_t(c)));
+    ASSERT_TRUE(small.commit(int32_t(c)));
+  }
+  EXPECT_TRUE(m.finished());
+  EXPECT_TRUE(small.finished());
+  EXPECT_GT(small.stats().resets, 10);  // the small memo was dropped many times, the masks never changed
+  EXPECT_EQ(m.stats().resets, 0);
+}
+
+}  // namespace
