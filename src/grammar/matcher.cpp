@@ -155,6 +155,13 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
   for (int32_t i = 0; i < n;) {
     ++visited;
     const int32_t d = v.depth(i);
+    if (v.plain_subtree(i) && loops_on_plain(walk_[size_t(d - 1)])) {
+      // Inside a JSON string (or any state that ignores plain bytes): the subtree's tokens all
+      // lead back to this state, so all are allowed without walking them.
+      for (const int32_t* id = v.tokens_begin(i); id != v.subtree_tokens_end(i); ++id) mask_out_[size_t(*id) >> 5] |= 1u << (*id & 31);
+      i = v.subtree_end(i);
+      continue;
+    }
     const State t = advance(walk_[size_t(d - 1)], v.byte(i));
     if (t == kDead) {
       i = v.subtree_end(i);
@@ -171,6 +178,18 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
   stats_.stacks = int64_t(node_pos_.size());
   if (masks_.size() >= kMaxMasks) masks_.clear();
   return masks_.emplace(s, mask_out_).first->second;
+}
+
+bool Matcher::loops_on_plain(State s) {
+  if (size_t(s) >= loops_.size()) loops_.resize(size_t(s) + 1, -1);
+  if (loops_[size_t(s)] < 0) {
+    bool all = s != kDead;
+    for (int b = 0x20; b < 0x7F && all; ++b)
+      if (VocabTrie::plain_byte(uint8_t(b))) all = advance(s, uint8_t(b)) == s;
+    if (size_t(s) >= loops_.size()) loops_.resize(size_t(s) + 1, -1);  // advance may have made states
+    loops_[size_t(s)] = all ? 1 : 0;
+  }
+  return loops_[size_t(s)] == 1;
 }
 
 bool Matcher::allowed(State s, int32_t id) {
@@ -217,6 +236,7 @@ void Matcher::reset_tables() {
   state_index_.clear();
   trans_.clear();
   masks_.clear();
+  loops_.clear();
   std::vector<int32_t> none;
   intern_state(none);
   std::vector<int32_t> ids;

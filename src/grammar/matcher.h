@@ -83,6 +83,7 @@ class Matcher {
   void closure(int32_t pos, int32_t parent, std::vector<int32_t>& out);
   State intern_state(std::vector<int32_t>& stacks);
   void reset_tables();  // drops the memo, keeping the current state's stacks
+  bool loops_on_plain(State s);  // advance(s, b) == s for every plain byte (VocabTrie::plain_byte)
 
   std::shared_ptr<const CompiledGrammar> g_;
   std::shared_ptr<const VocabTrie> vocab_;
@@ -92,6 +93,7 @@ class Matcher {
   std::vector<int32_t> node_pos_, node_parent_;        // [stacks] top element, rest of the stack (−1: bottom)
   std::unordered_map<uint64_t, int32_t> node_index_;   // (pos, parent) → stack
   std::vector<int32_t> state_begin_, state_members_;   // [states + 1] → sorted stacks (−1: the empty stack, accepting)
+  std::vector<int8_t> loops_;                          // [states] loops_on_plain: −1 not yet known
   std::unordered_map<std::string, int32_t> state_index_;
   std::unordered_map<uint64_t, int32_t> trans_;        // state << 8 | byte → state
   std::unordered_map<int32_t, std::vector<uint32_t>> masks_;

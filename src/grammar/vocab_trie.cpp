@@ -50,6 +50,11 @@ VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes, const std::vec
   toks_.resize(ids.size());
   std::vector<int32_t> fill(tok_begin_.begin(), tok_begin_.end() - 1);
   for (size_t k = 0; k < ids.size(); ++k) toks_[size_t(fill[size_t(node_of[k])]++)] = ids[k];
+  // A subtree is plain when no node in [i, end) has a non-plain byte (prefix counts over preorder).
+  std::vector<int32_t> bad(byte_.size() + 1, 0);
+  for (size_t i = 0; i < byte_.size(); ++i) bad[i + 1] = bad[i] + (plain_byte(byte_[i]) ? 0 : 1);
+  plain_.resize(byte_.size());
+  for (size_t i = 0; i < byte_.size(); ++i) plain_[i] = bad[size_t(end_[i])] == bad[i];
 }
 
 VocabTrie VocabTrie::from_tokenizer(const Tokenizer& tok) {

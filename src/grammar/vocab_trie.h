@@ -35,6 +35,12 @@ class VocabTrie {
   // Ids whose bytes end exactly at node i.
   const int32_t* tokens_begin(int32_t i) const { return toks_.data() + tok_begin_[size_t(i)]; }
   const int32_t* tokens_end(int32_t i) const { return toks_.data() + tok_begin_[size_t(i) + 1]; }
+  // Every id in node i's subtree (i and below): one contiguous run.
+  const int32_t* subtree_tokens_end(int32_t i) const { return toks_.data() + tok_begin_[size_t(end_[size_t(i)])]; }
+  // True when node i's byte and every byte below it are "plain": printable ASCII but '"' and '\'.
+  // A state that loops on every plain byte (inside a JSON string) allows the whole subtree at once.
+  bool plain_subtree(int32_t i) const { return plain_[size_t(i)]; }
+  static bool plain_byte(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'; }
 
  private:
   int32_t vocab_size_ = 0, max_depth_ = 0;
@@ -45,6 +51,7 @@ class VocabTrie {
   std::vector<int32_t> end_;        // [nodes]
   std::vector<int32_t> tok_begin_;  // [nodes + 1] into toks_
   std::vector<int32_t> toks_;       // token ids grouped by node
+  std::vector<bool> plain_;         // [nodes] plain_subtree
 };
 
 }  // namespace kd::grammar
