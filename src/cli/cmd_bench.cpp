@@ -13,7 +13,9 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "cli/device.h"
 #include "model/deepseek_v3.h"
+#include "model/deepseek_v3_tp.h"
 #include "model/tensor_plan.h"
 #include "sample/sampler.h"
 
@@ -51,6 +53,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
       ->delimiter(',')
       ->transform(whole_number(o.verify_sizes))
       ->check(CLI::Range(1, 4096));
+  add_tp_flags(c, o.tp);
 }
 
 namespace {
@@ -92,14 +95,29 @@ std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o) {
 int cmd_bench(const BenchOptions& o) {
   if (!o.serve.empty() && o.device != "cuda") fail("--serve: the engine load test runs with --device cuda (the CPU's is bench/serve_load.py)");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
+  if (o.device == "cuda" && o.tp.tp > 1 && !o.serve.empty())
+    fail("--tp ", o.tp.tp, " --serve: the tensor-parallel GPU target is not built yet (issue 14)");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
   if (!o.verify_sizes.empty() && !o.verify_curve) fail("--verify-sizes: add --verify-curve (on the CPU the verify curve is opt-in)");
   if (o.model.empty()) fail("bench needs -m DIR (or --device cuda --preset k2-slice)");
   Checkpoint ckpt(o.model);
+  check_tp_flags(o.tp, false, ckpt.config());
   DeepseekV3 model(ckpt);
+  std::unique_ptr<DeepseekV3Tp> tp;
+  if (o.tp.tp > 1) tp = std::make_unique<DeepseekV3Tp>(ckpt, o.tp.tp);
+  const Target& target = tp ? static_cast<const Target&>(*tp) : model;
   const ModelConfig& c = model.config();
+  auto forward = [&](LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, float* logits, ForwardStats* st) {
+    ForwardArgs a;
+    a.ids = ids;
+    a.n = n;
+    a.form = form;
+    a.logits = logits;
+    a.stats = st;
+    forward_cached(target, cache, a);
+  };
   const ModelStats stats = model_stats(c);
   log_info("measuring memory read bandwidth …");
   const double bw = measure_read_bandwidth();
@@ -112,14 +130,14 @@ int cmd_bench(const BenchOptions& o) {
     LatentCache cache = model.new_cache(o.n_prompt + o.n_gen + 1);
     ForwardStats st;
     double t0 = now_s();
-    model.forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data(), &st);
+    forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, logits.data(), &st);
     const double pp = (now_s() - t0) * 1e3;
     const uint64_t pp_bytes = st.weight_bytes;
     st = {};
     t0 = now_s();
     for (int64_t i = 0; i < o.n_gen; ++i) {
       int32_t tok = argmax(logits.data(), int32_t(c.vocab_size));
-      model.forward(cache, &tok, 1, AttnForm::absorbed, false, logits.data(), &st);
+      forward(cache, &tok, 1, AttnForm::absorbed, logits.data(), &st);
     }
     const double tg = (now_s() - t0) * 1e3;
     if (rep == 0) continue;
@@ -149,7 +167,7 @@ int cmd_bench(const BenchOptions& o) {
       std::vector<float> vlogits(static_cast<size_t>(n * c.vocab_size));
       std::vector<double> runs;
       LatentCache cache = model.new_cache(o.n_prompt + n + 1);
-      model.forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data());
+      forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, logits.data(), nullptr);
       for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
         ForwardArgs a;
         a.ids = ids.data();
@@ -160,7 +178,7 @@ int cmd_bench(const BenchOptions& o) {
         a.all_logits = true;
         a.logits = vlogits.data();
         const double t0 = now_s();
-        model.forward(cache, a);
+        forward_cached(target, cache, a);
         if (rep > 0) runs.push_back((now_s() - t0) * 1e3);
       }
       curve.push_back({N, median(runs)});
@@ -172,7 +190,7 @@ int cmd_bench(const BenchOptions& o) {
   const int threads = ThreadPool::global().size();
   if (o.json) {
     nlohmann::ordered_json j = {
-        {"model", o.model}, {"backend", "cpu"}, {"threads", threads}, {"weights_bytes", stats.stored_bytes},
+        {"model", o.model}, {"backend", "cpu"}, {"tensor_parallel", o.tp.tp}, {"threads", threads}, {"weights_bytes", stats.stored_bytes},
         {"read_bandwidth_gb_per_s", bw}, {"repetitions", o.repetitions},
         {"prefill", {{"tokens", o.n_prompt}, {"ms", pp}, {"tokens_per_s", pp_tps}, {"weight_gb_per_s", pp_gbps}}},
         {"decode", {{"tokens", o.n_gen}, {"ms", tg}, {"tokens_per_s", tg_tps}, {"weight_gb_per_s", tg_gbps},
@@ -187,9 +205,10 @@ int cmd_bench(const BenchOptions& o) {
   }
   std::printf("| model | size | backend | threads | test | t/s | GB/s | %% of read bw |\n");
   std::printf("| --- | ---: | --- | ---: | --- | ---: | ---: | ---: |\n");
-  std::printf("| %s | %.1f MB | cpu | %d | pp%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6,
+  const std::string backend = o.tp.tp > 1 ? cat("cpu tp", o.tp.tp) : std::string("cpu");
+  std::printf("| %s | %.1f MB | %s | %d | pp%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6, backend.c_str(),
               threads, (long long)o.n_prompt, pp_tps, pp_gbps, 100 * pp_gbps / bw);
-  std::printf("| %s | %.1f MB | cpu | %d | tg%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6,
+  std::printf("| %s | %.1f MB | %s | %d | tg%lld | %.2f | %.2f | %.1f %% |\n", o.model.c_str(), double(stats.stored_bytes) / 1e6, backend.c_str(),
               threads, (long long)o.n_gen, tg_tps, tg_gbps, 100 * tg_gbps / bw);
   if (!curve.empty()) {
     std::printf("\n| verify nodes N | ms | cost(N)/cost(1) |\n| ---: | ---: | ---: |\n");

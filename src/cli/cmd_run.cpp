@@ -70,6 +70,7 @@ void add_run(CLI::App& app, RunOptions& o) {
       ->transform(whole_number(o.block_size))
       ->check(CLI::Range(int64_t(2), kMaxDFlashBlockSize));
   c->add_option("--device", o.device, "cpu (default) or cuda (the target and a DFlash drafter on GPU 0)");
+  add_tp_flags(c, o.tp);
   c->add_option("--decode-attn", o.decode_attn, "MLA form for decode steps: absorbed (default, over the latent cache) or expanded")
       ->check(CLI::IsMember({"absorbed", "expanded"}));
   c->add_flag("--json", o.json, "Print exactly one JSON object on stdout (ids, finish reason, timings)");
@@ -177,7 +178,7 @@ int cmd_run(const RunOptions& o) {
   g.context = o.ctx_size;
 
   const double t0 = now_s();
-  const LoadedTarget lt(o.device, o.model);
+  const LoadedTarget lt(o.device, o.model, o.tp);
   const Target& target = lt.target();
   const ModelConfig& cfg = lt.config();
   g.stop_ids = cfg.eos_token_ids;

@@ -95,6 +95,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
   c->add_option("--device", o.device,
                 "cpu (default) or cuda: the target, its paged KV (sized to --kv-tokens or the free GPU memory) and a "
                 "DFlash drafter on GPU 0");
+  add_tp_flags(c, o.tp);
 }
 
 namespace {
@@ -117,6 +118,8 @@ int cmd_serve(const ServeOptions& o) {
   if (o.draft.empty() && (!o.spec.empty() || o.budget > 0)) fail("--spec and --budget need --draft DIR");
   if (o.spec == "dflash" && o.budget > 0) fail("--budget only applies to --spec ddtree");
   if (!std::filesystem::is_directory(o.model)) fail(o.model, ": not a directory (expected a checkpoint directory)");
+  // A bad --tp fails here, not after the port opens (the checkpoint itself is read by the loader).
+  if (o.tp.tp > 1 || !o.tp.devices.empty()) check_tp_flags(o.tp, cuda, load_checkpoint_config(o.model));
 
   ServerOptions so;
   so.host = o.host;
@@ -169,7 +172,7 @@ int cmd_serve(const ServeOptions& o) {
         if (abandon_load) fail("stopped while loading");
       }
       tok = load_tokenizer(o.model);
-      lt = std::make_unique<LoadedTarget>(o.device, o.model);
+      lt = std::make_unique<LoadedTarget>(o.device, o.model, o.tp);
       const Target& target = lt->target();
       const ModelConfig& cfg = lt->config();
       if (tok->vocab_size() > cfg.vocab_size)

@@ -13,6 +13,12 @@ namespace CLI { class App; }
 
 namespace kd::cli {
 
+// --tp R (alias --tensor-parallel) and --devices, as run, serve, bench and ppl take them (cli/device.h).
+struct TpFlags {
+  int32_t tp = 1;
+  std::vector<int32_t> devices;  // --devices 0,1,…: the GPUs of the ranks (cuda only)
+};
+
 struct RunOptions {
   std::string model, prompt, prompt_ids, chat, system, thinking, spec = "ar", draft, device = "cpu", dump_logits,
       decode_attn = "absorbed", chat_template;
@@ -22,6 +28,7 @@ struct RunOptions {
   int32_t top_k = 0;
   uint64_t seed = 0;
   bool ignore_eos = false, json = false;
+  TpFlags tp;
 };
 void add_run(CLI::App& app, RunOptions& o);
 int cmd_run(const RunOptions& o);
@@ -45,6 +52,7 @@ struct BenchOptions {
   bool json = false, verify_curve = false;
   std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (--device cuda)
   std::vector<int64_t> verify_sizes;  // --verify-sizes: tree nodes N of the verify curve (empty: verify_sizes_or_default)
+  TpFlags tp;
 };
 std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o);  // 1, 2, 4 … 64 unless given
 void add_bench(CLI::App& app, BenchOptions& o);
@@ -83,6 +91,7 @@ struct ServeOptions {
   int64_t shutdown_grace_s = 5;
   int threads_http = 0, max_connections = 1024;
   bool no_prefix_cache = false;
+  TpFlags tp;
 };
 void add_serve(CLI::App& app, ServeOptions& o);
 int cmd_serve(const ServeOptions& o);

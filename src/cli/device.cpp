@@ -3,7 +3,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "decode/dflash_drafter.h"
+#include "cli/int_flag.h"
+#include "model/deepseek_v3_tp.h"
 #include "model/dflash.h"
+#include "model/tp_plan.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "model/deepseek_v3_cuda.h"
 #include "model/dflash_cuda.h"
@@ -22,10 +25,42 @@ bool use_cuda(const std::string& device) {
   return cuda;
 }
 
-LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpoint_dir) {
+void add_tp_flags(CLI::App* c, TpFlags& f) {
+  c->add_option("--tp,--tensor-parallel", f.tp,
+                "Tensor-parallel ranks R (default 1): attention heads, every MLP's intermediate dimension and the "
+                "vocabulary split R ways, two rank-order reductions a layer, output identical alone or batched and "
+                "DDTree == AR at every R. On the CPU: R in-process ranks (a thread each); R must divide the heads and "
+                "the MLP widths (kdtree inspect --tp R shows the plan)")
+      ->transform(whole_number(f.tp))
+      ->check(CLI::Range(1, 64));
+  c->add_option("--devices", f.devices, "With --device cuda: the GPUs of the ranks, one id each (default 0, 1, … R−1)")
+      ->delimiter(',')
+      ->transform(whole_number(int32_t{}))
+      ->check(CLI::Range(0, 1023));
+}
+
+void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c) {
+  if (!f.devices.empty() && !cuda) fail("--devices lists GPUs: it applies with --device cuda only");
+  if (!f.devices.empty() && int32_t(f.devices.size()) != f.tp)
+    fail("--devices lists ", f.devices.size(), " GPUs for --tp ", f.tp, ": give one GPU a rank");
+  if (cuda && f.tp > 1)
+    fail("--tp ", f.tp, " --device cuda: the tensor-parallel GPU target is not built yet (issue 14); run TP on the CPU "
+         "(--device cpu --tp ", f.tp, ") or one GPU (--tp 1)");
+  if (cuda && !f.devices.empty() && f.devices[0] != 0)
+    fail("--devices ", f.devices[0], ": the one-GPU target runs on GPU 0; pick another with CUDA_VISIBLE_DEVICES=", f.devices[0]);
+  if (f.tp > 1) plan_tp(c, f.tp);  // refuses an R that does not divide the shapes, naming the valid R
+}
+
+LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpoint_dir, const TpFlags& tp) {
   [[maybe_unused]] const bool cuda = use_cuda(device);
   ckpt_ = std::make_unique<Checkpoint>(checkpoint_dir);
+  check_tp_flags(tp, cuda, ckpt_->config());
   model_ = std::make_unique<DeepseekV3>(*ckpt_);
+  if (tp.tp > 1) {
+    const double t0 = now_s();
+    tp_ = std::make_unique<DeepseekV3Tp>(*ckpt_, tp.tp);
+    log_info("tensor parallel over ", tp.tp, " CPU ranks: sliced in ", (now_s() - t0) * 1e3, " ms");
+  }
 #ifdef KDTREE_HAVE_CUDA
   if (cuda) {
     // A one-row KV to start with: the engine lends its pool's blocks (Target::init_kv).
@@ -38,7 +73,10 @@ LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpo
 
 LoadedTarget::~LoadedTarget() = default;
 
-const Target& LoadedTarget::target() const { return gpu_ ? *gpu_ : static_cast<const Target&>(*model_); }
+const Target& LoadedTarget::target() const {
+  if (tp_) return *tp_;
+  return gpu_ ? *gpu_ : static_cast<const Target&>(*model_);
+}
 
 LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int64_t max_tokens) const {
   // The directory is read once (DFlashDrafter::load validates it against the target); on the GPU its

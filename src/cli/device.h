@@ -6,7 +6,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "model/drafter.h"
@@ -18,12 +22,20 @@ namespace kd::cli {
 // CUDA backend, and for cuda on a machine without a usable GPU (the message says why).
 bool use_cuda(const std::string& device);
 
+// Tensor parallelism as run, serve, bench and ppl take it (TpFlags, cli/commands.h).
+void add_tp_flags(CLI::App* c, TpFlags& f);
+// Checks --tp / --devices against the device and the model's shapes (plan_tp: an R that does not divide
+// them is refused naming the dimension and the valid R) before any weight is read.
+void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c);
+
 // A checkpoint read once: the CPU model (views into the mmap), and on cuda the GPU target uploaded
 // from it. target() is the one the commands run; model() stays for what reads host weights (the
 // CPU drafter's shared embedding and lm_head).
 class LoadedTarget {
  public:
-  LoadedTarget(const std::string& device, const std::string& checkpoint_dir);
+  // tp.tp > 1: the tensor-parallel target over tp.tp ranks (on the CPU: in-process ranks,
+  // model/deepseek_v3_tp.h); the checks of check_tp_flags apply.
+  LoadedTarget(const std::string& device, const std::string& checkpoint_dir, const TpFlags& tp = {});
   ~LoadedTarget();
   const Target& target() const;
   const DeepseekV3& model() const { return *model_; }
@@ -42,6 +54,7 @@ class LoadedTarget {
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<DeepseekV3> model_;
   std::unique_ptr<Target> gpu_;
+  std::unique_ptr<Target> tp_;  // the tensor-parallel target (R > 1)
 };
 
 }  // namespace kd::cli

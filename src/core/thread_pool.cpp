@@ -77,6 +77,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn(0, n);
     return;
   }
+  // One caller at a time: tensor-parallel ranks (one thread each, model/deepseek_v3_tp.h) share the
+  // pool, taking turns per loop; a chunk's nested calls run inline and never come here.
+  std::lock_guard<std::mutex> one_caller(call_mu_);
   ranges_.assign(size_t(n_threads_), {0, 0});
   for (int64_t c = 0; c < chunks; ++c) ranges_[size_t(c)] = {n * c / chunks, n * (c + 1) / chunks};
   job_ = &fn;
@@ -108,6 +111,9 @@ std::unique_ptr<ThreadPool>& global_slot() {
 }  // namespace
 
 ThreadPool& ThreadPool::global() {
+  // Tensor-parallel ranks may make the first call at once, from their own threads.
+  static std::mutex first_call;
+  std::lock_guard<std::mutex> lk(first_call);
   auto& p = global_slot();
   if (!p) {
     int n = int(std::thread::hardware_concurrency());

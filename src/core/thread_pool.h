@@ -22,7 +22,8 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   // Calls fn(begin, end) over [0, n) split into at most size() contiguous chunks of at least `grain`.
-  // Called from inside a chunk (nested), it runs fn(0, n) inline on that thread.
+  // Called from inside a chunk (nested), it runs fn(0, n) inline on that thread. Threads outside the
+  // pool may call it concurrently: their loops take turns.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool (KDTREE_THREADS or hardware concurrency).
@@ -33,6 +34,7 @@ class ThreadPool {
   void worker(int idx);
   int n_threads_;
   std::vector<std::thread> threads_;
+  std::mutex call_mu_;  // held by the caller whose loop the workers run
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;

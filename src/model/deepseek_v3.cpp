@@ -6,9 +6,11 @@
 #include <limits>
 #include <numeric>
 
+#include "backend/comm.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/tp_plan.h"
 
 namespace kd {
 
@@ -101,17 +103,77 @@ struct WeightLoader {
     return {linear(prefix + ".gate_proj", inter, hidden), linear(prefix + ".up_proj", inter, hidden),
             linear(prefix + ".down_proj", hidden, inter)};
   }
+
+  // Tensor parallel (model/tp_plan.h): rank r of R keeps rows [r·n/R, (r+1)·n/R) of a rows-split
+  // matrix — a view, rows being contiguous in both layouts — or those columns of a columns-split one —
+  // a copy, each row's slice lying apart from the next's; an INT4 column slice holds whole groups.
+  static Weight rows_slice(Weight w, TpRank tp) {
+    if (tp.ranks == 1) return w;
+    const int64_t n = w.rows / tp.ranks, r0 = tp.rank * n;
+    if (w.int4) {
+      w.data = static_cast<const uint32_t*>(w.data) + r0 * w.words_per_row();
+      w.scales += r0 * (w.cols / w.group);
+    } else {
+      w.data = static_cast<const uint8_t*>(w.data) + r0 * w.cols * int64_t(dtype_size(w.dtype));
+    }
+    w.rows = n;
+    return w;
+  }
+  Weight cols_slice(Weight w, TpRank tp) {
+    if (tp.ranks == 1) return w;
+    const int64_t n = w.cols / tp.ranks, c0 = tp.rank * n;
+    std::vector<uint8_t> buf;
+    if (w.int4) {
+      // plan_tp has checked that the slice holds whole groups; groups hold whole 8-nibble words.
+      if (n % w.group || w.group % 8)
+        fail(w.name, ": a ", n, "-column INT4 slice does not hold whole groups of ", w.group);
+      const int64_t wpr = w.words_per_row(), gpr = w.cols / w.group, nw = n / 8, ng = n / w.group;
+      buf.resize(size_t(w.rows * (nw * 4 + ng * 2)));
+      uint8_t* words = buf.data();
+      uint8_t* scales = buf.data() + w.rows * nw * 4;
+      for (int64_t r = 0; r < w.rows; ++r) {
+        std::memcpy(words + r * nw * 4, static_cast<const uint32_t*>(w.data) + r * wpr + c0 / 8, size_t(nw) * 4);
+        std::memcpy(scales + r * ng * 2, w.scales + r * gpr + c0 / w.group, size_t(ng) * 2);
+      }
+      owned.push_back(std::move(buf));
+      w.data = owned.back().data();
+      w.scales = reinterpret_cast<const uint16_t*>(owned.back().data() + w.rows * nw * 4);
+    } else {
+      const size_t es = dtype_size(w.dtype);
+      buf.resize(size_t(w.rows * n) * es);
+      for (int64_t r = 0; r < w.rows; ++r)
+        std::memcpy(buf.data() + size_t(r * n) * es, static_cast<const uint8_t*>(w.data) + size_t(r * w.cols + c0) * es, size_t(n) * es);
+      owned.push_back(std::move(buf));
+      w.data = owned.back().data();
+    }
+    w.cols = n;
+    return w;
+  }
+  MlpWeights mlp_slice(const std::string& prefix, int64_t hidden, int64_t inter, TpRank tp) {
+    MlpWeights m = mlp(prefix, hidden, inter);
+    return {rows_slice(m.gate, tp), rows_slice(m.up, tp), cols_slice(m.down, tp)};
+  }
 };
 
 }  // namespace
 
-DeepseekV3::DeepseekV3(const Checkpoint& ckpt) : cfg_(ckpt.config()) {
+DeepseekV3::DeepseekV3(const Checkpoint& ckpt, TpRank tp) : cfg_(ckpt.config()), tp_(tp) {
   const ModelConfig& c = cfg_;
+  if (tp.ranks < 1 || tp.rank < 0 || tp.rank >= tp.ranks)
+    fail("tensor parallel: rank ", tp.rank, " of ", tp.ranks, " (ranks must be ≥ 1, rank in [0, ranks))");
   WeightLoader L{ckpt, owned_};
   const std::string& p = c.tensor_prefix;
   const int64_t H = c.num_attention_heads, hid = c.hidden_size;
+  heads_ = H;
   embed_ = L.dense(p + "embed_tokens.weight", c.vocab_size, hid);
   lm_head_ = L.dense(c.lm_head_name, c.vocab_size, hid);
+  if (tp.ranks > 1) {
+    const TpPlan plan = plan_tp(c, tp.ranks);  // an Error naming what R does not divide
+    heads_ = plan.heads_per_rank;
+    vocab_begin_ = plan.vocab_begin(tp.rank);
+    lm_head_.data = static_cast<const uint8_t*>(lm_head_.data) + vocab_begin_ * hid * int64_t(dtype_size(lm_head_.dtype));
+    lm_head_.rows = plan.vocab_rows(tp.rank);
+  }
   final_norm_ = load_vector(ckpt, p + "norm.weight", hid);
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -122,15 +184,15 @@ DeepseekV3::DeepseekV3(const Checkpoint& ckpt) : cfg_(ckpt.config()) {
     const std::string a = lp + "self_attn.";
     w.q_a = L.linear(a + "q_a_proj", c.q_lora_rank, hid);
     w.q_a_norm = load_vector(ckpt, a + "q_a_layernorm.weight", c.q_lora_rank);
-    w.q_b = L.linear(a + "q_b_proj", H * c.qk_head_dim(), c.q_lora_rank);
+    w.q_b = L.rows_slice(L.linear(a + "q_b_proj", H * c.qk_head_dim(), c.q_lora_rank), tp);
     w.kv_a = L.linear(a + "kv_a_proj_with_mqa", c.latent_dim(), hid);
     w.kv_a_norm = load_vector(ckpt, a + "kv_a_layernorm.weight", c.kv_lora_rank);
-    w.kv_b = L.linear(a + "kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-    w.o = L.linear(a + "o_proj", hid, H * c.v_head_dim);
+    w.kv_b = L.rows_slice(L.linear(a + "kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank), tp);
+    w.o = L.cols_slice(L.linear(a + "o_proj", hid, H * c.v_head_dim), tp);
     w.moe = c.is_moe_layer(l);
     const std::string m = lp + "mlp";
     if (!w.moe) {
-      w.dense = L.mlp(m, hid, c.intermediate_size);
+      w.dense = L.mlp_slice(m, hid, c.intermediate_size, tp);
       continue;
     }
     w.router = L.dense(m + ".gate.weight", c.n_routed_experts, hid);
@@ -142,8 +204,9 @@ DeepseekV3::DeepseekV3(const Checkpoint& ckpt) : cfg_(ckpt.config()) {
     }
     w.experts.reserve(static_cast<size_t>(c.n_routed_experts));
     for (int64_t e = 0; e < c.n_routed_experts; ++e)
-      w.experts.push_back(L.mlp(cat(m, ".experts.", e), hid, c.moe_intermediate_size));
-    if (c.n_shared_experts > 0) w.shared = L.mlp(m + ".shared_experts", hid, c.moe_intermediate_size * c.n_shared_experts);
+      w.experts.push_back(L.mlp_slice(cat(m, ".experts.", e), hid, c.moe_intermediate_size, tp));
+    if (c.n_shared_experts > 0)
+      w.shared = L.mlp_slice(m + ".shared_experts", hid, c.moe_intermediate_size * c.n_shared_experts, tp);
   }
   inv_freq_ = c.rope_inv_freq();
   rope_scaling_ = float(c.rope_attention_scaling());
@@ -240,7 +303,7 @@ void DeepseekV3::ffn(int64_t layer, const float* x, int64_t n, float* out, Forwa
   for (int64_t e = 0; e < E; ++e)
     if (!rows_of[size_t(e)].empty()) {
       active.push_back(e);
-      work += int64_t(rows_of[size_t(e)].size()) * 3 * cfg_.moe_intermediate_size * hid;
+      work += int64_t(rows_of[size_t(e)].size()) * 3 * w.experts[size_t(e)].gate.rows * hid;  // this rank's width
     }
   std::vector<std::vector<float>> ye(active.size());
   std::vector<ForwardStats> est(active.size());
@@ -291,12 +354,13 @@ struct DeepseekV3::BatchPlan {
   std::vector<std::vector<std::vector<int32_t>>> keys;
 };
 
+// Under tensor parallelism `out` is this rank's partial sum over its heads (o_proj's columns of them).
 void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, const BatchPlan& plan, const float* x,
-                           float* out, ForwardStats* st) const {
+                           float* out, ForwardStats* st, Comm* comm) const {
   const int64_t n = plan.n;
   const LayerWeights& w = layers_[size_t(layer)];
   const ModelConfig& c = cfg_;
-  const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const int64_t H = heads_, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t qk = dn + dr, Lr = c.kv_lora_rank, D = c.latent_dim();
   const int32_t* positions = plan.positions.data();
 
@@ -308,10 +372,12 @@ void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, c
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < H; ++h) cpu::rope_gptj(&q[size_t((i * H + h) * qk + dn)], dr / 2, inv_freq_.data(), positions[i], rope_scaling_);
 
-  // Latent KV of the new rows: [RMSNorm(c_kv) | RoPE(k_pe)] into each sequence's cache.
-  std::vector<float> kv(static_cast<size_t>(n * D));
-  cpu::linear(w.kv_a, x, n, kv.data());
-  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+  // Latent KV of the new rows: [RMSNorm(c_kv) | RoPE(k_pe)] into each sequence's cache. Tensor-parallel
+  // ranks share the host rows: rank 0 writes them, and every rank reads them after the barrier.
+  const bool writes_kv = !comm || comm->rank() == 0;
+  std::vector<float> kv(writes_kv ? static_cast<size_t>(n * D) : 0);
+  if (writes_kv) cpu::linear(w.kv_a, x, n, kv.data());
+  for (size_t sq = 0; writes_kv && sq < seqs.size(); ++sq) {
     const SeqForward& f = seqs[sq];
     for (int64_t i = 0; i < f.args.n; ++i) {
       const int64_t b = plan.row0[sq] + i;
@@ -321,7 +387,8 @@ void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, c
       cpu::rope_gptj(row + Lr, dr / 2, inv_freq_.data(), positions[b], rope_scaling_);
     }
   }
-  if (st) st->weight_bytes += w.q_a.bytes() + w.q_b.bytes() + w.kv_a.bytes() + w.kv_b.bytes() + w.o.bytes();
+  if (comm) comm->barrier();
+  if (st) st->weight_bytes += w.q_a.bytes() + w.q_b.bytes() + (writes_kv ? w.kv_a.bytes() : 0) + w.kv_b.bytes() + w.o.bytes();
 
   // Expanded sequences (HF's form): k_nope and v of every cached token re-projected through kv_b.
   std::vector<std::vector<float>> kvb(seqs.size());
@@ -419,7 +486,10 @@ void DeepseekV3::forward(LatentCache& cache, const int32_t* ids, int64_t n, Attn
   forward(cache, a);
 }
 
-void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const {
+void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const { forward_cached(*this, cache, a); }
+
+void forward_cached(const Target& target, LatentCache& cache, const ForwardArgs& a) {
+  if (!target.host_kv()) fail("forward over a host cache: the ", target.device(), " target keeps its KV on the device");
   const int64_t start = cache.size();
   if (a.n <= 0) fail("forward: no tokens");
   if (start + a.n > cache.max_tokens())
@@ -429,7 +499,7 @@ void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const {
   one[0].kv = cache.view();
   one[0].start = start;
   one[0].args = a;
-  forward_batch(one, a.stats);
+  target.forward_batch(one, a.stats);
   if (a.commit) cache.commit(start + a.n);
 }
 
@@ -447,6 +517,26 @@ void DeepseekV3::keep_rows(const KvView& kv, int64_t start, const std::vector<in
 }
 
 void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
+  if (tp_.ranks > 1)
+    fail("forward: this instance is rank ", tp_.rank, " of a ", tp_.ranks, "-way tensor-parallel model (forward_rank)");
+  run(seqs, stats, nullptr);
+}
+
+void DeepseekV3::forward_rank(const std::vector<SeqForward>& seqs, Comm& comm, ForwardStats* stats) const {
+  if (comm.size() != tp_.ranks || comm.rank() != tp_.rank)
+    fail("forward_rank: this instance holds rank ", tp_.rank, " of ", tp_.ranks, ", the communicator is rank ", comm.rank(),
+         " of ", comm.size());
+  run(seqs, stats, &comm);
+}
+
+const float* DeepseekV3::kept_logits(int64_t seq, int64_t row) const {
+  if (seq < 0 || seq >= int64_t(kept_row0_.size()) || kept_row0_[size_t(seq)] < 0)
+    fail("kept logits: sequence ", seq, " of the last forward has no logit rows");
+  if (row < 0 || row >= kept_n_[size_t(seq)]) fail("kept logits: sequence ", seq, " has no logit row ", row);
+  return kept_.data() + (kept_row0_[size_t(seq)] + row) * lm_head_.rows;
+}
+
+void DeepseekV3::run(const std::vector<SeqForward>& seqs, ForwardStats* stats, Comm* comm) const {
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size;
   if (seqs.empty()) fail("forward: no sequences");
@@ -458,8 +548,10 @@ void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
     const ForwardArgs& a = f.args;
     const int64_t n = a.n, start = f.start;
     if (n <= 0) fail("forward: no tokens (sequence ", sq, " of the batch)");
-    if (a.argmax_ids || a.argmax_vals || a.device_taps)
-      fail("forward: the CPU target brings logits and taps to the host (no argmax outputs, no device taps)");
+    if (a.device_taps) fail("forward: the CPU target brings taps to the host (no device taps)");
+    if ((a.argmax_ids || a.argmax_vals) && !comm)
+      fail("forward: the CPU target brings logits to the host (no argmax outputs)");
+    if (!a.argmax_ids != !a.argmax_vals) fail("forward: argmax outputs need both argmax_ids and argmax_vals (sequence ", sq, ")");
     if (f.kv.ptrs.empty()) fail("forward: sequence ", sq, "'s KV has no host storage (a device target's pool)");
     if (start + n > f.kv.capacity())
       fail("forward: ", start, " + ", n, " rows exceed the ", f.kv.capacity(), " KV rows of sequence ", sq);
@@ -488,18 +580,22 @@ void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
   for (size_t sq = 0; sq < seqs.size(); ++sq)
     std::copy_n(seqs[sq].args.ids, seqs[sq].args.n, ids.begin() + plan.row0[sq]);
 
+  // The residual stream x is replicated: every rank adds the same reduced partial sums to it.
+  const bool writes_taps = !comm || comm->rank() == 0;
   std::vector<float> x(size_t(n * hid)), xn(size_t(n * hid)), y(size_t(n * hid));
   cpu::embed(embed_, ids.data(), n, x.data());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];
     cpu::rmsnorm(x.data(), w.attn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
-    attention(l, seqs, plan, xn.data(), y.data(), stats);
+    attention(l, seqs, plan, xn.data(), y.data(), stats, comm);
+    if (comm) comm->all_reduce_sum(y.data(), n, hid);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     cpu::rmsnorm(x.data(), w.ffn_norm.data(), n, hid, c.rms_norm_eps, xn.data());
     ffn(l, xn.data(), n, y.data(), stats);
+    if (comm) comm->all_reduce_sum(y.data(), n, hid);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     // HF's hidden_states[l + 1]: the residual stream after layer l, which DFlash taps.
-    for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    for (size_t sq = 0; writes_taps && sq < seqs.size(); ++sq) {
       const ForwardArgs& a = seqs[sq].args;
       const int64_t n_taps = a.tap_layers && a.taps ? int64_t(a.tap_layers->size()) : 0;
       for (int64_t t = 0; t < n_taps; ++t)
@@ -510,27 +606,87 @@ void DeepseekV3::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats
           }
     }
   }
-  // Logits of the rows that want them (all rows, or each sequence's last), in one lm_head pass.
+  logit_outputs(seqs, plan, x, stats, comm);
+}
+
+namespace {
+// One rank's greedy choice over its lm_head rows, as exchanged between ranks: sample()'s greedy rule
+// — the first index holding the maximum — with idx −1 when the row holds a NaN.
+struct RankArgmax {
+  float val;
+  int32_t idx;
+};
+RankArgmax rank_argmax(const float* row, int64_t n, int64_t first_id) {
+  RankArgmax best{-std::numeric_limits<float>::infinity(), int32_t(first_id)};
+  for (int64_t v = 0; v < n; ++v) {
+    if (std::isnan(row[v])) return {row[v], -1};
+    if (row[v] > best.val) best = {row[v], int32_t(first_id + v)};
+  }
+  return best;
+}
+}  // namespace
+
+// Logits of the rows that want them (all rows, or each sequence's last), in one lm_head pass over
+// this instance's vocabulary rows.
+void DeepseekV3::logit_outputs(const std::vector<SeqForward>& seqs, const BatchPlan& plan, const std::vector<float>& x,
+                               ForwardStats* stats, Comm* comm) const {
+  const ModelConfig& c = cfg_;
+  const int64_t hid = c.hidden_size, V = c.vocab_size, Vr = lm_head_.rows;
   std::vector<int64_t> rows;
+  kept_row0_.assign(seqs.size(), -1);
+  kept_n_.assign(seqs.size(), 0);
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const ForwardArgs& a = seqs[sq].args;
+    if (!a.logits && !a.argmax_ids) continue;
+    kept_row0_[sq] = int64_t(rows.size());
+    kept_n_[sq] = a.all_logits ? a.n : 1;
+    for (int64_t i = a.all_logits ? 0 : a.n - 1; i < a.n; ++i) rows.push_back(plan.row0[sq] + i);
+  }
+  kept_.clear();
+  if (rows.empty()) return;  // the same on every rank: the sequences are
+  const int64_t m = int64_t(rows.size());
+  std::vector<float> xr(static_cast<size_t>(m * hid));
+  for (int64_t r = 0; r < m; ++r) std::copy_n(&x[size_t(rows[size_t(r)] * hid)], hid, &xr[size_t(r * hid)]);
+  cpu::rmsnorm(xr.data(), final_norm_.data(), m, hid, c.rms_norm_eps, xr.data());
+  std::vector<float> lg(static_cast<size_t>(m * Vr));
+  cpu::linear(lm_head_, xr.data(), m, lg.data());
+  if (stats) stats->weight_bytes += lm_head_.bytes();
+
+  // Host logits: each rank writes its columns [vocab_begin, + Vr) of every row (the whole row at R = 1).
   for (size_t sq = 0; sq < seqs.size(); ++sq) {
     const ForwardArgs& a = seqs[sq].args;
     if (!a.logits) continue;
-    for (int64_t i = a.all_logits ? 0 : a.n - 1; i < a.n; ++i) rows.push_back(plan.row0[sq] + i);
-  }
-  if (rows.empty()) return;
-  const int64_t m = int64_t(rows.size()), V = c.vocab_size;
-  std::vector<float> xr(static_cast<size_t>(m * hid)), lg(static_cast<size_t>(m * V));
-  for (int64_t r = 0; r < m; ++r) std::copy_n(&x[size_t(rows[size_t(r)] * hid)], hid, &xr[size_t(r * hid)]);
-  cpu::rmsnorm(xr.data(), final_norm_.data(), m, hid, c.rms_norm_eps, xr.data());
-  cpu::linear(lm_head_, xr.data(), m, lg.data());
-  if (stats) stats->weight_bytes += lm_head_.bytes();
-  int64_t r = 0;
-  for (const SeqForward& f : seqs) {
-    const ForwardArgs& a = f.args;
-    if (!a.logits) continue;
     const int64_t k = a.all_logits ? a.n : 1;
-    std::copy_n(&lg[size_t(r * V)], k * V, a.logits);
-    r += k;
+    for (int64_t i = 0; i < k; ++i)
+      std::copy_n(&lg[size_t((kept_row0_[sq] + i) * Vr)], Vr, a.logits + i * V + vocab_begin_);
+  }
+  if (comm) {
+    // Argmax outputs: every rank's (value, index) of every logit row, combined in rank order — the
+    // greatest value, the lower rank (hence the lower index) on ties, −1 when any slice holds a NaN —
+    // which is sample()'s greedy choice over the whole row.
+    bool any_argmax = false;
+    for (const SeqForward& f : seqs) any_argmax = any_argmax || f.args.argmax_ids;
+    if (any_argmax) {
+      const int32_t R = comm->size();
+      std::vector<RankArgmax> mine(static_cast<size_t>(m)), all(static_cast<size_t>(m * R));
+      for (int64_t r = 0; r < m; ++r) mine[size_t(r)] = rank_argmax(&lg[size_t(r * Vr)], Vr, vocab_begin_);
+      comm->all_gather(mine.data(), size_t(m) * sizeof(RankArgmax), all.data());
+      for (size_t sq = 0; comm->rank() == 0 && sq < seqs.size(); ++sq) {
+        const ForwardArgs& a = seqs[sq].args;
+        if (!a.argmax_ids) continue;
+        const int64_t k = a.all_logits ? a.n : 1;
+        for (int64_t i = 0; i < k; ++i) {
+          RankArgmax best = all[size_t(kept_row0_[sq] + i)];
+          for (int32_t q = 1; q < R && best.idx >= 0; ++q) {
+            const RankArgmax& o = all[size_t(q * m + kept_row0_[sq] + i)];
+            if (o.idx < 0 || o.val > best.val) best = o;
+          }
+          a.argmax_ids[i] = best.idx;
+          a.argmax_vals[i] = best.val;
+        }
+      }
+    }
+    kept_ = std::move(lg);
   }
 }
 

@@ -13,6 +13,8 @@
 
 namespace kd {
 
+class Comm;
+
 struct MlpWeights {
   Weight gate, up;  // [inter, hidden]
   Weight down;      // [hidden, inter]
@@ -36,10 +38,21 @@ struct LayerWeights {
   MlpWeights shared;                 // moe, n_shared_experts > 0: moe_intermediate × n_shared
 };
 
-// The CPU target (model/target.h).
+// Which slice of the model an instance holds (model/tp_plan.h): rank `rank` of `ranks` keeps its
+// heads' rows of q_b_proj and kv_b_proj and their columns of o_proj, its slice of every MLP's
+// intermediate dimension (gate/up rows, down columns), and its vocabulary rows of lm_head; the rest
+// is replicated. {0, 1} is the whole model.
+struct TpRank {
+  int32_t rank = 0, ranks = 1;
+};
+
+// The CPU target (model/target.h); with a TpRank of R > 1, one rank of the tensor-parallel CPU
+// target (model/deepseek_v3_tp.h), which drives it through forward_rank.
 class DeepseekV3 final : public Target {
  public:
-  explicit DeepseekV3(const Checkpoint& ckpt);  // validates every tensor's name, dtype and shape
+  // Validates every tensor's name, dtype and shape; a TpRank the config cannot be split into is an
+  // Error naming the dimension and the R that are valid (plan_tp).
+  explicit DeepseekV3(const Checkpoint& ckpt, TpRank tp = {});
 
   const Weight& embedding() const { return embed_; }  // [vocab, hidden]; the DFlash drafter shares it
   const Weight& lm_head() const { return lm_head_; }  // [vocab, hidden]; the drafter shares it too
@@ -71,21 +84,45 @@ class DeepseekV3 final : public Target {
   bool supports(AttnForm) const override { return true; }
   void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;
 
+  // One rank's share of a tensor-parallel forward (this instance holds rank comm.rank() of
+  // comm.size(); every rank calls it with the same sequences). The ranks share the sequences' host KV
+  // rows: rank 0 writes the new latents (every rank would compute the same bits) and all read them
+  // after a barrier. Partial sums cross `comm` twice a layer (after o_proj, after the MLP) in its
+  // rank order, so each row's bits are the same alone or in any batch. Outputs: logits on the host —
+  // each rank writes its vocabulary columns; argmax outputs — each rank's (value, index) over its rows
+  // of lm_head exchanged and combined with sample()'s greedy rule, written by rank 0; taps — rank 0.
+  // Every rank keeps its slice of the logit rows until its next forward (kept_logits).
+  void forward_rank(const std::vector<SeqForward>& seqs, Comm& comm, ForwardStats* stats = nullptr) const;
+  // This rank's slice [vocab_rows()] of logit row `row` of sequence `seq` of the last forward_rank.
+  const float* kept_logits(int64_t seq, int64_t row) const;
+  TpRank tp() const { return tp_; }
+  int64_t vocab_begin() const { return vocab_begin_; }  // this rank's lm_head rows [vocab_begin, + vocab_rows)
+  int64_t vocab_rows() const { return lm_head_.rows; }
+
   // MoE router of one row of `layer` (SPEC-MODEL.md §2 MoE): from fp32 router logits [n_routed_experts]
   // to the chosen experts [num_experts_per_tok] (ascending id) and their weights.
   void route(int64_t layer, const float* router_logits, int32_t* experts, float* weights) const;
 
  private:
   struct BatchPlan;
+  void run(const std::vector<SeqForward>& seqs, ForwardStats* stats, Comm* comm) const;
   void attention(int64_t layer, const std::vector<SeqForward>& seqs, const BatchPlan& plan, const float* x, float* out,
-                 ForwardStats* st) const;
+                 ForwardStats* st, Comm* comm) const;
+  void logit_outputs(const std::vector<SeqForward>& seqs, const BatchPlan& plan, const std::vector<float>& x,
+                     ForwardStats* st, Comm* comm) const;
   void ffn(int64_t layer, const float* x, int64_t n, float* out, ForwardStats* st) const;
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out, ForwardStats* st) const;
 
   ModelConfig cfg_;
-  std::vector<std::vector<uint8_t>> owned_;  // aligned copies of misaligned tensors
+  TpRank tp_;
+  int64_t heads_ = 0;        // attention heads this instance holds (num_attention_heads / R)
+  int64_t vocab_begin_ = 0;  // its first lm_head row
+  std::vector<std::vector<uint8_t>> owned_;  // aligned copies of misaligned tensors; column slices
   Weight embed_;    // [vocab, hidden]
-  Weight lm_head_;  // [vocab, hidden]
+  Weight lm_head_;  // [vocab_rows, hidden]: rows [vocab_begin, vocab_begin + vocab_rows) of the checkpoint's
+  // forward_rank's slices of its logit rows [rows, vocab_rows] and each sequence's first row there.
+  mutable std::vector<float> kept_;
+  mutable std::vector<int64_t> kept_row0_, kept_n_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // [qk_rope_head_dim / 2]

@@ -106,4 +106,10 @@ class Target {
   virtual void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const = 0;
 };
 
+class LatentCache;
+// One sequence's forward over a contiguous host cache (a host_kv() target: the CPU model, its
+// tensor-parallel form): makes the rows addressable, runs the forward, commits when args.commit.
+// Defined in model/deepseek_v3.cpp.
+void forward_cached(const Target& target, LatentCache& cache, const ForwardArgs& args);
+
 }  // namespace kd

@@ -1,0 +1,37 @@
+#include "model/deepseek_v3_tp.h"
+
+#include <algorithm>
+
+#include "backend/cpu/host_comm.h"
+#include "core/error.h"
+
+namespace kd {
+
+DeepseekV3Tp::DeepseekV3Tp(const Checkpoint& ckpt, int32_t ranks) {
+  if (ranks < 2) fail("tensor parallel: --tp ", ranks, " (the tensor-parallel target needs R ≥ 2; R = 1 is the plain target)");
+  for (int32_t r = 0; r < ranks; ++r) ranks_.push_back(std::make_unique<DeepseekV3>(ckpt, TpRank{r, ranks}));
+}
+
+DeepseekV3Tp::~DeepseekV3Tp() = default;
+
+std::string DeepseekV3Tp::device() const { return cat("cpu, tensor parallel over ", ranks(), " ranks"); }
+
+void DeepseekV3Tp::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
+  std::vector<ForwardStats> st(ranks_.size());
+  run_host_ranks(ranks(), [&](Comm& comm) {
+    const size_t r = size_t(comm.rank());
+    ranks_[r]->forward_rank(seqs, comm, stats ? &st[r] : nullptr);
+  });
+  if (stats)
+    for (const ForwardStats& s : st) stats->weight_bytes += s.weight_bytes;
+}
+
+void DeepseekV3Tp::logits_row(int64_t seq, int64_t row, float* out) const {
+  for (const auto& r : ranks_) std::copy_n(r->kept_logits(seq, row), r->vocab_rows(), out + r->vocab_begin());
+}
+
+void DeepseekV3Tp::keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const {
+  ranks_[0]->keep_rows(kv, start, path);  // one copy of the rows, shared by the ranks
+}
+
+}  // namespace kd

@@ -1,0 +1,55 @@
+"""`--tp R` (alias `--tensor-parallel`) on run and bench, CPU: R in-process ranks. Greedy output of the
+HF fixtures under TP equals transformers' own greedy continuation (the goldens, an independent
+reference) up to the first near-tie, DDTree over the TP target equals AR over it, and an R the
+model cannot be split into is a clear error naming the dimension and the valid R."""
+import pytest
+
+from conftest import FIXTURES, golden, golden_greedy, golden_prompt, ids_arg, kdtree, run_json
+
+
+@pytest.mark.parametrize("name,R", [("k2-bf16", 2), ("k2-bf16", 4), ("dsv3-group", 4), ("k25-sharded", 2)])
+def test_tp_greedy_equals_transformers(name, R):
+    got = run_json(FIXTURES / name, golden_prompt(name), "--tp", R, "--ignore-eos")["output_ids"]
+    want = golden_greedy(name)
+    margin = golden(name)["greedy_margin"]
+    # TP adds o_proj's and down_proj's partial sums in another order than one rank: equal tokens are
+    # owed only while transformers' top-2 margin is clear of rounding (1e-4 of the logits' scale here).
+    scale = float(abs(golden(name)["greedy_logits"]).max())
+    n = next((i for i, m in enumerate(margin) if m < 1e-4 * scale), len(want))
+    assert got[:n] == want[:n]
+    assert n >= len(want) // 2, f"the fixture's margins allow only {n} tokens of comparison"
+
+
+@pytest.mark.parametrize("extra", [["--spec", "ddtree", "--draft", "synthetic:0.5,0.3", "--budget", "8"],
+                                   ["--spec", "dflash", "--draft", "synthetic:0.7"]])
+@pytest.mark.parametrize("temp", ["0", "0.8"])
+def test_tp_speculative_equals_tp_ar(extra, temp):
+    model = FIXTURES / "k2-bf16"
+    base = ["--tensor-parallel", "2", "--ignore-eos", "--temp", temp, "--seed", "5"]
+    ar = run_json(model, golden_prompt("k2-bf16"), *base, n=40)
+    sp = run_json(model, golden_prompt("k2-bf16"), *base, *extra, n=40)
+    assert sp["output_ids"] == ar["output_ids"]
+    assert sp["spec"]["rounds"] > 0
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--tp", "3"], "num_attention_heads"),
+    (["--tp", "0"], "--tp"),
+    (["--tp", "2", "--devices", "0,1"], "--devices"),
+    (["--tp", "x"], "--tp"),
+])
+def test_tp_misuse_is_a_clear_error(args, expect):
+    r = kdtree("run", "-m", FIXTURES / "k2-bf16", "--prompt-ids", "1,2,3", "-n", "4", *args, ok=False)
+    assert expect in r.stderr, r.stderr
+
+
+def test_tp_refuses_int4_slices_that_break_groups():
+    # k2-int4's routed experts are 96 wide: 48 columns a rank would split a 32-group of down_proj.
+    r = kdtree("run", "-m", FIXTURES / "k2-int4", "--prompt-ids", "1,2,3", "-n", "4", "--tp", "2", ok=False)
+    assert "group" in r.stderr, r.stderr
+
+
+def test_bench_tp_reports_its_ranks():
+    j = kdtree("bench", "-m", FIXTURES / "k2-bf16", "-p", "8", "-n", "4", "-r", "1", "--tp", "2", "--json", ok=True).json()
+    assert j["tensor_parallel"] == 2
+    assert j["decode"]["tokens"] == 4 and j["decode"]["tokens_per_s"] > 0
