@@ -93,6 +93,9 @@ int32_t GrammarBuilder::fresh(std::string_view base) {
 }
 
 void GrammarBuilder::add_alternative(int32_t r, Sequence seq) {
+  n_elements_ += int64_t(seq.size()) + 1;
+  if (n_elements_ > kMaxElements)
+    fail("grammar: more than ", kMaxElements, " elements once repetitions are written out (rule '", g_.names[size_t(r)], "'): it is too large");
   g_.rules[size_t(r)].push_back(std::move(seq));
   defined_[size_t(r)] = true;
 }
@@ -185,7 +188,10 @@ int32_t GrammarBuilder::repeat(const Sequence& body, int64_t min, int64_t max, s
     }
   }
   Sequence s;
-  for (int64_t k = 0; k < min; ++k) s.insert(s.end(), body.begin(), body.end());
+  for (int64_t k = 0; k < min; ++k) {
+    if (int64_t(s.size()) > kMaxElements) fail(base, ": the repetition is too large once written out");
+    s.insert(s.end(), body.begin(), body.end());
+  }
   if (tail >= 0) s.push_back({Element::rule, tail});
   add_alternative(id, std::move(s));
   return id;

@@ -66,6 +66,9 @@ class GrammarBuilder {
   // Rules for repetitions of the sequence `body` (min ≤ count ≤ max; max < 0: unbounded).
   // Counts above kMaxRepeat are a kd::Error (the expansion is written out).
   static constexpr int64_t kMaxRepeat = 4096;
+  // Elements in the whole grammar past which building is a kd::Error (nested counted repetitions
+  // multiply: a{4096}{4096} would be 16 M elements).
+  static constexpr int64_t kMaxElements = 1 << 20;
   int32_t repeat(const Sequence& body, int64_t min, int64_t max, std::string_view base);
 
   // Checks (every referenced rule defined, no left recursion, the root exists) and returns the
@@ -76,6 +79,7 @@ class GrammarBuilder {
   Grammar g_;
   std::vector<bool> defined_;
   int64_t n_fresh_ = 0;
+  int64_t n_elements_ = 0;
 };
 
 // UTF-8 byte-set sequences covering exactly the scalar values in [lo, hi] (surrogates excluded).

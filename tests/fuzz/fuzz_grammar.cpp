@@ -1,0 +1,70 @@
+// libFuzzer target: the grammar front ends (issue 20) — GBNF, JSON Schema and regex — must either
+// build a grammar or throw kd::Error, never crash, hang or let a library exception escape; a grammar
+// that builds is then run: the rest of the input is fed to its matcher byte by byte over a small
+// vocabulary (the 256 bytes, a few multi-byte tokens, a stop id), with a mask at every step, and a
+// mask must agree with allowed() for every token.
+// Input: byte 0 chooses the front end (mod 3: GBNF, JSON Schema, regex); then the source text up to
+// the first NUL; the bytes after it are the walk.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/regex.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  namespace g = kd::grammar;
+  static const std::shared_ptr<const g::VocabTrie> vocab = [] {
+    std::vector<std::string> v;
+    for (int b = 0; b < 256; ++b) v.push_back(std::string(1, char(b)));
+    for (const char* t : {"{\"", "\": ", ", \"", "\"}", "true", "null", "\xC3\xA9", "\xE4\xB8", "\xAD!", "ab", "12"}) v.push_back(t);
+    v.push_back("<eos>");
+    std::vector<bool> special(v.size(), false);
+    special.back() = true;
+    return std::make_shared<const g::VocabTrie>(v, special);
+  }();
+  if (size < 1) return 0;
+  const int mode = data[0] % 3;
+  const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const size_t nul = rest.find('\0');
+  const std::string src = rest.substr(0, nul);
+  const std::string walk = nul == std::string::npos ? "" : rest.substr(nul + 1);
+  std::shared_ptr<const g::CompiledGrammar> cg;
+  try {
+    if (mode == 0) {
+      cg = std::make_shared<const g::CompiledGrammar>(g::parse_gbnf(src));
+    } else if (mode == 1) {
+      nlohmann::ordered_json schema;
+      try {
+        schema = nlohmann::ordered_json::parse(src);
+      } catch (const nlohmann::json::exception&) {
+        return 0;  // not JSON: the server's parser refuses it before the converter sees it
+      }
+      g::JsonGrammarOptions o;
+      o.any_whitespace = (data[0] / 3) % 2 == 0;
+      cg = std::make_shared<const g::CompiledGrammar>(g::json_schema_grammar(schema, o));
+    } else {
+      cg = std::make_shared<const g::CompiledGrammar>(g::regex_grammar(src));
+    }
+  } catch (const kd::Error&) {
+    return 0;
+  }
+  g::Matcher m(cg, vocab, {vocab->vocab_size() - 1});
+  m.set_memo_limits(4096, 4096);
+  for (size_t i = 0; i < walk.size() && i < 64; ++i) {
+    const std::vector<uint32_t> mask = m.mask(m.state());
+    for (int32_t id = 0; id < vocab->vocab_size(); ++id)
+      if (bool((mask[size_t(id) >> 5] >> (id & 31)) & 1) != m.allowed(m.state(), id)) std::abort();
+    const int32_t tok = uint8_t(walk[i]) % vocab->vocab_size();
+    if (!m.commit(tok)) continue;
+  }
+  return 0;
+}
