@@ -32,6 +32,10 @@ std::vector<double> timed_decode_ms(CudaTarget& t, int32_t first_token, int64_t 
 // kernel by kernel. Inside an NVTX range "verify N graph|launches" (N = nodes, root excluded).
 double timed_verify_ms(CudaTarget& t, const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
                        const std::vector<uint8_t>& visibility, std::vector<int32_t>* distinct_experts, bool graph);
+// One tensor-parallel reduction of rows × row_len fp32 among `ranks` ranks sharing this GPU
+// (SharedDeviceComm: two host barriers a call, then the rank-order sum): microseconds a call, mean of
+// `calls` back to back on rank 0's stream.
+double timed_reduction_us(int32_t ranks, int64_t rows, int64_t row_len, int64_t calls);
 double measure_read_gbps();   // streaming read bandwidth of the device, GB/s (median of 10)
 double measure_mma_tflops();  // mma.sync bf16 m16n8k16 rate, register operands, TFLOP/s (median of 10)
 

@@ -9,12 +9,33 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "backend/cuda/device_comm.h"
 #include "cli/bench_cuda.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace kd::cli {
 
 using cuda::check;
+
+double timed_reduction_us(int32_t ranks, int64_t rows, int64_t row_len, int64_t calls) {
+  double us = 0;
+  run_device_ranks(ranks, [&](DeviceComm& c, void* stream) {
+    auto s = static_cast<cudaStream_t>(stream);
+    void* mem = nullptr;
+    cuda::check(cudaMalloc(&mem, size_t(rows * row_len) * 4), "reduction buffer");
+    float* buf = static_cast<float*>(mem);
+    cuda::check(cudaMemsetAsync(buf, 0, size_t(rows * row_len) * 4, s), "memset");
+    for (int64_t i = 0; i < 10; ++i) c.all_reduce_sum(buf, rows, row_len, stream);  // warm-up
+    cuda::check(cudaStreamSynchronize(s), "sync");
+    const double t0 = now_s();
+    for (int64_t i = 0; i < calls; ++i) c.all_reduce_sum(buf, rows, row_len, stream);
+    cuda::check(cudaStreamSynchronize(s), "sync");
+    if (c.rank() == 0) us = (now_s() - t0) * 1e6 / double(calls);
+    cudaFree(buf);
+  });
+  return us;
+}
 
 double measure_read_gbps() { return cuda::measure_read_gbps(int64_t(4) << 30, 10); }
 double measure_mma_tflops() { return cuda::measure_mma_tflops(10); }

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/make_model.h"
+#include "model/tp_plan.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "model/deepseek_v3_cuda.h"
 #include "cli/bench_cuda.h"
@@ -32,10 +33,23 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// PERF.md's k2-slice: K2's exact shapes, 1 dense + 11 MoE layers.
-ModelConfig k2_slice_config() {
+// PERF.md's k2-slice: K2's exact shapes, 1 dense + 11 MoE layers. ranks > 1: the shapes one of
+// `ranks` tensor-parallel ranks computes (model/tp_plan.h) — its heads, its slice of every MLP's
+// intermediate dimension, its lm_head rows; the latent projections, router and KV unsplit — so its
+// kernels are exactly a rank's, without the reductions (timed apart).
+ModelConfig k2_slice_config(int32_t ranks = 1) {
   nlohmann::json j = nlohmann::json::parse(preset_config_json("k2"));
   j["num_hidden_layers"] = 12;
+  if (ranks > 1) {
+    const TpPlan p = plan_tp(parse_model_config(j.dump(), "preset k2-slice"), ranks);
+    j["num_attention_heads"] = p.heads_per_rank;
+    j["num_key_value_heads"] = p.heads_per_rank;
+    j["moe_intermediate_size"] = p.moe_intermediate_per_rank;
+    j["intermediate_size"] = p.dense_intermediate_per_rank;
+    j["vocab_size"] = p.vocab_rows_per_rank;
+    j["bos_token_id"] = 1;  // K2's ids lie past a rank's vocabulary rows; the benchmark feeds its own tokens
+    j["eos_token_id"] = 2;
+  }
   return parse_model_config(j.dump(), "preset k2-slice");
 }
 
@@ -46,11 +60,16 @@ BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const c
   if (!o.preset.empty() && o.preset != "k2-slice") fail("--preset ", o.preset, ": unknown (the GPU benchmark preset is k2-slice)");
   if (o.preset.empty() && o.model.empty()) fail(what, " needs -m DIR or --preset k2-slice");
   if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
+  if (o.tp.tp > 1 && o.preset.empty())
+    fail("--tp ", o.tp.tp, " --device cuda: the tensor-parallel GPU target is not built yet (issue 14); "
+         "--preset k2-slice --tp R times one rank's share on this GPU");
+  if (!o.tp.devices.empty()) fail("--devices: the GPU benchmark runs on GPU 0 (pick another with CUDA_VISIBLE_DEVICES)");
   BenchTarget b;
   if (!o.preset.empty()) {
     log_info("making k2-slice's random weights on the GPU …");
-    b.target = std::make_unique<CudaTarget>(k2_slice_config(), max_tokens, 1234, true);
-    b.label = "k2-slice (random, INT4 g32 experts)";
+    b.target = std::make_unique<CudaTarget>(k2_slice_config(o.tp.tp), max_tokens, 1234, true);
+    b.label = o.tp.tp > 1 ? cat("k2-slice, one rank of TP ", o.tp.tp, " (random, INT4 g32 experts)")
+                          : std::string("k2-slice (random, INT4 g32 experts)");
   } else {
     Checkpoint ck(o.model);
     DeepseekV3 model(ck);
@@ -128,6 +147,15 @@ int cmd_bench_cuda(const BenchOptions& o) {
   }
 
   const double pp_tps = double(o.n_prompt) / pp_ms * 1e3, tg_tps = 1e3 / tg_ms;
+  // Tensor parallel (--tp R): the reductions a step adds, timed among R ranks on this one GPU — a
+  // host-synchronised emulation, not NVLink (docs/perf.md states the NVLink figure it stands in for).
+  const int32_t R = o.tp.tp;
+  const int64_t reductions = 2 * c.num_hidden_layers;
+  double red_us_1 = 0, red_us_verify = 0;
+  if (R > 1) {
+    red_us_1 = timed_reduction_us(R, 1, c.hidden_size, 200);
+    red_us_verify = timed_reduction_us(R, 17, c.hidden_size, 200);
+  }
   if (o.json) {
     nlohmann::ordered_json j = {
         {"model", label}, {"backend", "cuda"}, {"device", cuda_device_name()}, {"weights_bytes", t->device_weight_bytes()},
@@ -141,6 +169,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
       jc.push_back({{"nodes", p.N}, {"rows", p.N + 1}, {"ms", p.ms}, {"ms_without_graph", p.ms_launch}, {"cost_ratio", p.ms / curve[0].ms},
                     {"distinct_experts_per_layer", p.experts}, {"floor_ms", p.floor_ms}, {"fraction_of_floor", p.floor_ms / p.ms}});
     j["verify_curve"] = jc;
+    if (R > 1)
+      j["tensor_parallel"] = {{"ranks", R}, {"reductions_per_step", reductions}, {"reduction_us_1_row", red_us_1},
+                              {"reduction_us_17_rows", red_us_verify},
+                              {"step_ms_with_reductions", tg_ms + double(reductions) * red_us_1 * 1e-3}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -159,6 +191,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
   for (const Point& p : curve)
     std::printf("| %lld | %.3f | %.3f | %.2f | %.1f | %.3f | %.1f %% |\n", (long long)p.N, p.ms, p.ms_launch, p.ms / curve[0].ms, p.experts,
                 p.floor_ms, 100 * p.floor_ms / p.ms);
+  if (R > 1)
+    std::printf("\ntensor parallel: one of %d ranks above (shapes / R, no reductions); %lld reductions a step among %d ranks on "
+                "this GPU: %.1f us each (1 row), %.1f us (17 rows) → decode step with reductions %.3f ms\n",
+                R, (long long)reductions, R, red_us_1, red_us_verify, tg_ms + double(reductions) * red_us_1 * 1e-3);
   std::printf("\nmedians of %lld repetitions (decode: of every step), after one warm-up; floor = bytes that must be read / "
               "measured read bandwidth\n",
               (long long)o.repetitions);

@@ -170,6 +170,18 @@ void argmax_rows(const float* logits, int64_t rows, int64_t V, int32_t* out, cud
 void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, int64_t dim, const int32_t* src,
                   const int32_t* dst, int64_t n_keep, cudaStream_t s);
 
+// Tensor-parallel reductions (backend/cuda/device_comm.h): each element is the ranks' partials added
+// in rank order in fp32, ((p0 + p1) + p2) + … with __fadd_rn — one fixed chain whatever the number of rows.
+inline constexpr int kMaxRanks = 64;
+struct RankBuffers {
+  float* p[kMaxRanks];  // every rank's buffer [n] fp32 (one device)
+  int32_t ranks = 0;
+};
+// Elements [begin, end) of every buffer become their rank-order sum (read all, then write all).
+void rank_order_sum(const RankBuffers& b, int64_t begin, int64_t end, cudaStream_t s);
+// gathered [ranks, n] rank-major (as ncclAllGather leaves it) → out [n].
+void rank_order_sum_gathered(const float* gathered, int32_t ranks, int64_t n, float* out, cudaStream_t s);
+
 // x rows rows[0 … n) → out [n, dim] (the rows whose logits a forward returns).
 void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t s);
 

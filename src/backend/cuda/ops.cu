@@ -254,6 +254,22 @@ __global__ void combine_kernel(float* x, const float* y, const float* w, const f
   x[t] = __fadd_rn(x[t], acc);
 }
 
+__global__ void rank_sum_kernel(RankBuffers b, int64_t begin, int64_t end) {
+  const int64_t i = begin + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= end) return;
+  float acc = b.p[0][i];
+  for (int32_t r = 1; r < b.ranks; ++r) acc = __fadd_rn(acc, b.p[r][i]);
+  for (int32_t r = 0; r < b.ranks; ++r) b.p[r][i] = acc;
+}
+
+__global__ void rank_sum_gathered_kernel(const float* g, int32_t ranks, int64_t n, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float acc = g[i];
+  for (int32_t r = 1; r < ranks; ++r) acc = __fadd_rn(acc, g[int64_t(r) * n + i]);
+  out[i] = acc;
+}
+
 __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* out) {
   __shared__ float sv[32];
   __shared__ int si[32];
@@ -411,6 +427,19 @@ void compact_rows(uint16_t* cache, int64_t layers, int64_t layer_stride_elems, i
                   const int32_t* dst, int64_t n_keep, cudaStream_t s) {
   compact_kernel<<<1, 1024, 0, s>>>(cache, layers, layer_stride_elems, dim, src, dst, n_keep);
   check_launch("compact");
+}
+
+void rank_order_sum(const RankBuffers& b, int64_t begin, int64_t end, cudaStream_t s) {
+  if (b.ranks < 1 || b.ranks > kMaxRanks) fail("rank_order_sum: ", b.ranks, " ranks (1 … ", kMaxRanks, ")");
+  if (end <= begin) return;
+  rank_sum_kernel<<<unsigned((end - begin + 255) / 256), 256, 0, s>>>(b, begin, end);
+  check_launch("rank_order_sum");
+}
+
+void rank_order_sum_gathered(const float* gathered, int32_t ranks, int64_t n, float* out, cudaStream_t s) {
+  if (n <= 0) return;
+  rank_sum_gathered_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(gathered, ranks, n, out);
+  check_launch("rank_order_sum_gathered");
 }
 
 void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t s) {
