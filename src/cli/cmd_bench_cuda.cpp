@@ -61,8 +61,8 @@ BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const c
   if (o.preset.empty() && o.model.empty()) fail(what, " needs -m DIR or --preset k2-slice");
   if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
   if (o.tp.tp > 1 && o.preset.empty())
-    fail("--tp ", o.tp.tp, " --device cuda: the tensor-parallel GPU target is not built yet (issue 14); "
-         "--preset k2-slice --tp R times one rank's share on this GPU");
+    fail("--tp ", o.tp.tp, " -m DIR --device cuda: the GPU benchmark times one target's own forward; --preset k2-slice "
+         "--tp R times one rank's share and the reductions, and `run` / `serve --tp R` run the tensor-parallel target");
   if (!o.tp.devices.empty()) fail("--devices: the GPU benchmark runs on GPU 0 (pick another with CUDA_VISIBLE_DEVICES)");
   BenchTarget b;
   if (!o.preset.empty()) {

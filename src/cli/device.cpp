@@ -9,6 +9,7 @@
 #include "model/tp_plan.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "model/deepseek_v3_cuda.h"
+#include "model/deepseek_v3_cuda_tp.h"
 #include "model/dflash_cuda.h"
 #endif
 
@@ -29,11 +30,13 @@ void add_tp_flags(CLI::App* c, TpFlags& f) {
   c->add_option("--tp,--tensor-parallel", f.tp,
                 "Tensor-parallel ranks R (default 1): attention heads, every MLP's intermediate dimension and the "
                 "vocabulary split R ways, two rank-order reductions a layer, output identical alone or batched and "
-                "DDTree == AR at every R. On the CPU: R in-process ranks (a thread each); R must divide the heads and "
-                "the MLP widths (kdtree inspect --tp R shows the plan)")
+                "DDTree == AR at every R. On the CPU: R in-process ranks (a thread each); with --device cuda: a rank "
+                "per GPU of --devices, over NCCL. R must divide the heads and the MLP widths (kdtree inspect --tp R "
+                "shows the plan)")
       ->transform(whole_number(f.tp))
       ->check(CLI::Range(1, 64));
-  c->add_option("--devices", f.devices, "With --device cuda: the GPUs of the ranks, one id each (default 0, 1, … R−1)")
+  c->add_option("--devices", f.devices, "With --device cuda: the GPUs of the ranks, one id each (default 0, 1, … R−1); the same id for "
+                "every rank (--devices 0,0) runs them all on that GPU, the one-GPU emulation")
       ->delimiter(',')
       ->transform(whole_number(int32_t{}))
       ->check(CLI::Range(0, 1023));
@@ -43,10 +46,7 @@ void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c) {
   if (!f.devices.empty() && !cuda) fail("--devices lists GPUs: it applies with --device cuda only");
   if (!f.devices.empty() && int32_t(f.devices.size()) != f.tp)
     fail("--devices lists ", f.devices.size(), " GPUs for --tp ", f.tp, ": give one GPU a rank");
-  if (cuda && f.tp > 1)
-    fail("--tp ", f.tp, " --device cuda: the tensor-parallel GPU target is not built yet (issue 14); run TP on the CPU "
-         "(--device cpu --tp ", f.tp, ") or one GPU (--tp 1)");
-  if (cuda && !f.devices.empty() && f.devices[0] != 0)
+  if (cuda && f.tp == 1 && !f.devices.empty() && f.devices[0] != 0)
     fail("--devices ", f.devices[0], ": the one-GPU target runs on GPU 0; pick another with CUDA_VISIBLE_DEVICES=", f.devices[0]);
   if (f.tp > 1) plan_tp(c, f.tp);  // refuses an R that does not divide the shapes, naming the valid R
 }
@@ -56,13 +56,30 @@ LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpo
   ckpt_ = std::make_unique<Checkpoint>(checkpoint_dir);
   check_tp_flags(tp, cuda, ckpt_->config());
   model_ = std::make_unique<DeepseekV3>(*ckpt_);
-  if (tp.tp > 1) {
+  if (tp.tp > 1 && !cuda) {
     const double t0 = now_s();
     tp_ = std::make_unique<DeepseekV3Tp>(*ckpt_, tp.tp);
     log_info("tensor parallel over ", tp.tp, " CPU ranks: sliced in ", (now_s() - t0) * 1e3, " ms");
   }
 #ifdef KDTREE_HAVE_CUDA
-  if (cuda) {
+  if (tp.tp > 1 && cuda) {
+    std::vector<int32_t> devs = tp.devices;
+    if (devs.empty()) {
+      const int n = cuda_device_count();
+      if (n < tp.tp) {
+        std::string zeros = "0";
+        for (int32_t r = 1; r < tp.tp; ++r) zeros += ",0";
+        fail("--tp ", tp.tp, " --device cuda: this machine has ", n, " GPU", n == 1 ? "" : "s", "; give each rank one with --devices, "
+             "or run every rank on GPU 0 with --devices ", zeros, " (the one-GPU emulation: the same sharded math, slower)");
+      }
+      for (int32_t r = 0; r < tp.tp; ++r) devs.push_back(r);
+    }
+    tp_ = std::make_unique<CudaTpTarget>(*ckpt_, devs);
+    log_info("target: ", tp_->device());
+  }
+#endif
+#ifdef KDTREE_HAVE_CUDA
+  if (cuda && tp.tp == 1) {
     // A one-row KV to start with: the engine lends its pool's blocks (Target::init_kv).
     auto gpu = std::make_unique<CudaTarget>(*model_, 1);
     log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");

@@ -7,12 +7,18 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/device_comm.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
 namespace kd {
 
 using cuda::check;
+
+int cuda_device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
 
 bool cuda_device_available() {
   int n = 0;
@@ -91,7 +97,8 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
                   static_cast<void*>(rl), static_cast<void*>(wts), static_cast<void*>(xg), static_cast<void*>(xq),
                   static_cast<void*>(xunit), static_cast<void*>(chosen),
                   static_cast<void*>(entry_token), static_cast<void*>(entry_slot), static_cast<void*>(n_active),
-                  static_cast<void*>(act_expert), static_cast<void*>(act_off), static_cast<void*>(act_cnt)})
+                  static_cast<void*>(act_expert), static_cast<void*>(act_off), static_cast<void*>(act_cnt),
+                  static_cast<void*>(yp)})
     release(p);
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, K = std::max<int64_t>(c.num_experts_per_tok, 1);
   const int64_t mi = c.moe_intermediate_size, ns = std::max<int64_t>(c.n_shared_experts, 1);
@@ -111,6 +118,7 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   h2 = fbuf(mi * ns, "h2");
   ys = fbuf(K * hid, "ys");
   sh = fbuf(hid, "sh");
+  yp = fbuf(hid, "partial sums");
   rl = fbuf(std::max<int64_t>(c.n_routed_experts, 1), "router logits");
   wts = fbuf(K, "router weights");
   xg = fbuf(hid, "logit rows");
@@ -201,11 +209,22 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
     mp.Lr = Lr;
     mp.softmax_scale = softmax_scale;
     cuda::mla_attention(mp, s);
-    cuda::linear(L.o, attn, H * dv, n, x, hid, Epilogue::add, s);
+    // Under TP each rank's heads give a partial sum of o_proj: reduced in rank order, then added.
+    auto reduce_into_x = [&] {
+      comm->all_reduce_sum(yp, n, hid, s);
+      cuda::add_rows(x, yp, n * hid, s);
+    };
+    if (comm) {
+      cuda::linear(L.o, attn, H * dv, n, yp, hid, Epilogue::store, s);
+      reduce_into_x();
+    } else {
+      cuda::linear(L.o, attn, H * dv, n, x, hid, Epilogue::add, s);
+    }
     cuda::rmsnorm(x, hid, L.ffn_norm, n, hid, c.rms_norm_eps, xn, hid, s);
     if (!L.moe) {
       cuda::linear(L.dense_gu, xn, hid, n, h, c.intermediate_size, Epilogue::swiglu, s);
-      cuda::linear(L.dense_down, h, c.intermediate_size, n, x, hid, Epilogue::add, s);
+      cuda::linear(L.dense_down, h, c.intermediate_size, n, comm ? yp : x, hid, comm ? Epilogue::store : Epilogue::add, s);
+      if (comm) reduce_into_x();
     } else {
       // Shared experts on the side stream, overlapping the router → dispatch → routed-expert chain.
       const int64_t si = mi * c.n_shared_experts;
@@ -251,7 +270,14 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
       dw.x_rows = n * K;
       cuda::expert_linear(dw, h, mi, ys, hid, Epilogue::store, s);
       if (L.has_shared) check(cudaStreamWaitEvent(s, join), "join");
-      cuda::moe_combine(x, ys, wts, L.has_shared ? sh : nullptr, n, K, hid, s);
+      if (comm) {
+        // The rank's routed + shared partials (0 + Σ … is Σ … exactly), reduced, then added.
+        check(cudaMemsetAsync(yp, 0, size_t(n * hid) * 4, s), "partials");
+        cuda::moe_combine(yp, ys, wts, L.has_shared ? sh : nullptr, n, K, hid, s);
+        reduce_into_x();
+      } else {
+        cuda::moe_combine(x, ys, wts, L.has_shared ? sh : nullptr, n, K, hid, s);
+      }
     }
     // HF's hidden_states[l + 1], which DFlash taps: the residual stream after layer l.
     for (int64_t t = 0; t < n_taps; ++t)
@@ -263,7 +289,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
   if (n_logits == 0) return;
   cuda::gather_rows(x, hid, lrows, n_logits, xg, s);
   cuda::rmsnorm(xg, hid, final_norm, n_logits, hid, c.rms_norm_eps, xn, hid, s);
-  cuda::linear(lm_head, xn, hid, n_logits, logits, c.vocab_size, Epilogue::store, s);
+  cuda::linear(lm_head, xn, hid, n_logits, logits, lm_rows, Epilogue::store, s);
 }
 
 // Host side of a forward: checks as the CPU forward does, then the key lists of each row.
@@ -453,7 +479,9 @@ void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, Forward
     stage_seq(st, a.ids, a.n, a.positions, a.visibility, f.start, f.kv.blocks.data(), int64_t(f.kv.blocks.size()), a.all_logits,
               a.logits != nullptr || a.argmax_ids != nullptr);
   }
-  const int64_t n = st.n, n_logits = int64_t(st.lrows.size()), V = c.vocab_size;
+  // Logit rows are lm_rows wide on the device (this rank's vocabulary under TP) and land at columns
+  // [vocab_begin, + lm_rows) of the host's vocab-wide rows.
+  const int64_t n = st.n, n_logits = int64_t(st.lrows.size()), V = c.vocab_size, W = lm_rows;
   const int64_t limit = cuda::mla_max_keys(c.kv_lora_rank, c.qk_rope_head_dim);
   if (st.max_keys > limit)
     fail("forward: a row attends to ", st.max_keys, " keys, beyond the CUDA attention's limit of ", limit);
@@ -482,10 +510,10 @@ void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, Forward
       if (h_logits) cudaFreeHost(h_logits);
       h_logits = nullptr;
       h_logits_cap = 0;
-      check(cudaMallocHost(reinterpret_cast<void**>(&h_logits), size_t(n_logits * V) * 4), "cudaMallocHost (logits)");
+      check(cudaMallocHost(reinterpret_cast<void**>(&h_logits), size_t(n_logits * W) * 4), "cudaMallocHost (logits)");
       h_logits_cap = n_logits;
     }
-    check(cudaMemcpyAsync(h_logits, logits, size_t(n_logits * V) * 4, cudaMemcpyDeviceToHost, stream), "download logits");
+    check(cudaMemcpyAsync(h_logits, logits, size_t(n_logits * W) * 4, cudaMemcpyDeviceToHost, stream), "download logits");
   }
   if (argmax) {
     if (am_cap < n_logits) {
@@ -500,8 +528,8 @@ void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, Forward
     // Lowest index on ties, −1 on a NaN (sample()'s greedy choice); the value picked, −inf when the
     // row has nothing selectable.
     float* vals_dev = reinterpret_cast<float*>(am_dev + am_cap);
-    cuda::argmax_rows(logits, n_logits, V, am_dev, stream);
-    cuda::gather_row_values(logits, V, am_dev, n_logits, vals_dev, stream);
+    cuda::argmax_rows(logits, n_logits, W, am_dev, stream);
+    cuda::gather_row_values(logits, W, am_dev, n_logits, vals_dev, stream);
     check(cudaMemcpyAsync(am_host, am_dev, size_t(n_logits) * 4, cudaMemcpyDeviceToHost, stream), "download argmax");
     check(cudaMemcpyAsync(am_host + am_cap, vals_dev, size_t(n_logits) * 4, cudaMemcpyDeviceToHost, stream), "download argmax");
   }
@@ -531,7 +559,7 @@ void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, Forward
     if (a.argmax_ids) {
       const int32_t* ids = am_host;
       const float* vals = reinterpret_cast<const float*>(am_host + am_cap);
-      std::copy_n(ids + lrow, k, a.argmax_ids);
+      for (int64_t i = 0; i < k; ++i) a.argmax_ids[i] = ids[lrow + i] < 0 ? ids[lrow + i] : int32_t(ids[lrow + i] + vocab_begin);
       std::copy_n(vals + lrow, k, a.argmax_vals);
     }
     if (a.logits) copies.push_back({int64_t(sq), lrow});
@@ -542,7 +570,11 @@ void CudaTarget::Impl::forward_seqs(const std::vector<SeqForward>& seqs, Forward
     for (int64_t k = b; k < e; ++k) {
       const ForwardArgs& a = seqs[size_t(copies[size_t(k)].first)].args;
       const int64_t rows = a.all_logits ? a.n : 1;
-      std::memcpy(a.logits, h_logits + copies[size_t(k)].second * V, size_t(rows * V) * 4);
+      const float* src = h_logits + copies[size_t(k)].second * W;
+      if (W == V)
+        std::memcpy(a.logits, src, size_t(rows * V) * 4);
+      else
+        for (int64_t i = 0; i < rows; ++i) std::memcpy(a.logits + i * V + vocab_begin, src + i * W, size_t(W) * 4);
     }
   });
   if (stats) stats->weight_bytes += weight_bytes_of(n, &distinct, n_logits);
@@ -558,7 +590,8 @@ void CudaTarget::logits_row(int64_t seq, int64_t row, float* out) const {
   const int64_t r = m.last_lrow0[size_t(seq)] + row;
   const int64_t end = size_t(seq) + 1 < m.last_lrow0.size() ? m.last_lrow0[size_t(seq) + 1] : m.last_lrows;
   if (row < 0 || r >= end) fail("logits_row: sequence ", seq, " had no logit row ", row, " in the last forward");
-  check(cudaMemcpy(out, m.logits + r * m.cfg.vocab_size, size_t(m.cfg.vocab_size) * 4, cudaMemcpyDeviceToHost), "download logits row");
+  // [lm_rows]: this rank's vocabulary slice under TP (its caller places it), else the whole row.
+  check(cudaMemcpy(out, m.logits + r * m.lm_rows, size_t(m.lm_rows) * 4, cudaMemcpyDeviceToHost), "download logits row");
 }
 
 // The single sequence of a one-block cache (CudaTarget(model, max_tokens)): a batch of one.

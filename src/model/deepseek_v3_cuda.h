@@ -20,7 +20,8 @@
 namespace kd {
 
 bool cuda_device_available();   // a CUDA device is present and usable
-std::string cuda_device_name();  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)", or why there is none
+std::string cuda_device_name();
+int cuda_device_count();         // GPUs visible to this process (0 when none or on error)  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)", or why there is none
 
 class CudaTarget final : public Target {
  public:

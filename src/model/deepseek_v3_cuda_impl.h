@@ -10,6 +10,8 @@
 
 namespace kd {
 
+class DeviceComm;
+
 inline uint64_t matrix_bytes(const cuda::DevMatrix& m) {
   if (m.int4) return uint64_t(m.rows) * uint64_t(m.cols) / 2 + uint64_t(m.rows) * uint64_t(m.cols / 32) * 2;
   return uint64_t(m.rows) * uint64_t(m.cols) * 2;
@@ -49,6 +51,14 @@ struct CudaTarget::Impl {
   cudaStream_t stream = nullptr;
   cudaStream_t side = nullptr;  // independent work of a layer (kv path, shared experts) runs here
   cudaEvent_t ev0 = nullptr, ev1 = nullptr, fork = nullptr, join = nullptr;
+
+  // Tensor parallel (a rank of model/deepseek_v3_cuda_tp.h; cfg then holds the rank's heads and MLP
+  // widths): the communicator of the forward in flight (null: unsharded), this rank's lm_head rows
+  // [vocab_begin, vocab_begin + lm_rows) — the whole vocabulary unsharded — and the partial sums
+  // [rows, hidden] reduced after o_proj and after the MLP.
+  DeviceComm* comm = nullptr;
+  int64_t lm_rows = 0, vocab_begin = 0;
+  float* yp = nullptr;
 
   // Work buffers for up to rows_cap rows (logits for logits_cap rows; `in` holds in_cap ints).
   int64_t rows_cap = 0, taps_cap = 0, logits_cap = 0, in_cap = 0;

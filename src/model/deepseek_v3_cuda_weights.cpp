@@ -185,6 +185,19 @@ void CudaTarget::Impl::finish_layer_bytes() {
 CudaTarget::CudaTarget(const DeepseekV3& model, int64_t max_tokens) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.cfg = model.config();
+  m.lm_rows = model.vocab_rows();
+  m.vocab_begin = model.vocab_begin();
+  if (model.tp().ranks > 1) {
+    // A tensor-parallel rank's slice: its heads and MLP widths are the shapes its kernels run.
+    ModelConfig& lc = m.cfg;
+    const LayerWeights& l0 = model.layers()[0];
+    lc.num_attention_heads = l0.q_b.rows / lc.qk_head_dim();
+    for (const LayerWeights& w : model.layers()) {
+      if (w.moe && !w.experts.empty()) lc.moe_intermediate_size = w.experts[0].gate.rows;
+      if (!w.moe) lc.intermediate_size = w.dense.gate.rows;
+    }
+    m.graphs = false;  // the emulation's reductions synchronise ranks through the host: not capturable
+  }
   const ModelConfig& c = m.cfg;
   m.init_common(max_tokens);
   Uploader up{m};
@@ -233,6 +246,7 @@ CudaTarget::CudaTarget(const ModelConfig& cfg, int64_t max_tokens, uint64_t seed
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.cfg = cfg;
+  m.lm_rows = cfg.vocab_size;
   const ModelConfig& c = m.cfg;
   m.init_common(max_tokens);
   RandomMaker r{m, seed};

@@ -182,6 +182,9 @@ void rank_order_sum(const RankBuffers& b, int64_t begin, int64_t end, cudaStream
 // gathered [ranks, n] rank-major (as ncclAllGather leaves it) → out [n].
 void rank_order_sum_gathered(const float* gathered, int32_t ranks, int64_t n, float* out, cudaStream_t s);
 
+// x[i] += y[i] for i < n (a reduced partial sum into the residual stream).
+void add_rows(float* x, const float* y, int64_t n, cudaStream_t s);
+
 // x rows rows[0 … n) → out [n, dim] (the rows whose logits a forward returns).
 void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t s);
 

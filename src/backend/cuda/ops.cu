@@ -270,6 +270,11 @@ __global__ void rank_sum_gathered_kernel(const float* g, int32_t ranks, int64_t 
   out[i] = acc;
 }
 
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
 __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* out) {
   __shared__ float sv[32];
   __shared__ int si[32];
@@ -440,6 +445,12 @@ void rank_order_sum_gathered(const float* gathered, int32_t ranks, int64_t n, fl
   if (n <= 0) return;
   rank_sum_gathered_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(gathered, ranks, n, out);
   check_launch("rank_order_sum_gathered");
+}
+
+void add_rows(float* x, const float* y, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  add_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(x, y, n);
+  check_launch("add_rows");
 }
 
 void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t s) {

@@ -1,0 +1,185 @@
+#include "model/deepseek_v3_cuda_tp.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <exception>
+#include <set>
+#include <thread>
+
+#include "backend/cuda/device_comm.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/deepseek_v3.h"
+#include "model/deepseek_v3_cuda.h"
+#include "model/deepseek_v3_cuda_impl.h"
+#include "model/tp_plan.h"
+
+namespace kd {
+
+namespace {
+void set_device(int32_t d) {
+  const cudaError_t e = cudaSetDevice(d);
+  if (e != cudaSuccess) fail("CUDA: cudaSetDevice(", d, "): ", cudaGetErrorString(e));
+}
+}  // namespace
+
+CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices) : cfg_(ckpt.config()), devices_(devices) {
+  const int32_t R = int32_t(devices.size());
+  if (R < 2) fail("tensor parallel on GPUs: ", R, " rank (the tensor-parallel target needs R ≥ 2)");
+  plan_tp(cfg_, R);  // an R that does not divide the shapes, before anything is uploaded
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess) n_dev = 0;
+  for (int32_t d : devices)
+    if (d < 0 || d >= n_dev) fail("--devices: GPU ", d, " does not exist (this machine has ", n_dev, ")");
+  const bool one_gpu = std::all_of(devices.begin(), devices.end(), [&](int32_t d) { return d == devices[0]; });
+  if (!one_gpu && std::set<int32_t>(devices.begin(), devices.end()).size() != devices.size())
+    fail("--devices: list a different GPU for every rank (NCCL), or the same GPU for all of them (the one-GPU emulation), "
+         "not a mix");
+  for (int32_t r = 0; r < R; ++r) {
+    // Rank r's slice is read from the mmap (views, and copies of its columns of o_proj / down_proj),
+    // uploaded, and dropped from the host.
+    const double t0 = now_s();
+    set_device(devices[size_t(r)]);
+    const DeepseekV3 slice(ckpt, TpRank{r, R});
+    vocab_begin_.push_back(slice.vocab_begin());
+    ranks_.push_back(std::make_unique<CudaTarget>(slice, 1));
+    const double gb = double(ranks_.back()->device_weight_bytes()) / 1e9, dt = now_s() - t0;
+    log_info("TP rank ", r, "/", R, " on GPU ", devices[size_t(r)], ": ", gb, " GB of weights in ", dt, " s (", gb / dt, " GB/s)");
+  }
+  if (!one_gpu) nccl_ = std::make_unique<NcclCommGroup>(devices);
+  set_device(devices[0]);
+}
+
+CudaTpTarget::~CudaTpTarget() {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    cudaSetDevice(devices_[r]);
+    ranks_[r].reset();
+  }
+}
+
+std::string CudaTpTarget::device() const {
+  return cat("cuda, tensor parallel over ", ranks(), " ranks ",
+             shared_device() ? cat("sharing GPU ", devices_[0], " (emulation)") : std::string("over NCCL"), " (", cuda_device_name(), ")");
+}
+
+int64_t CudaTpTarget::max_context() const { return ranks_[0]->max_context(); }
+
+int64_t CudaTpTarget::max_kv_tokens(int64_t block_tokens) const {
+  if (shared_device()) {
+    set_device(devices_[0]);
+    return ranks_[0]->max_kv_tokens(block_tokens) / ranks() / block_tokens * block_tokens;
+  }
+  int64_t m = INT64_MAX;
+  for (int32_t r = 0; r < ranks(); ++r) {
+    set_device(devices_[size_t(r)]);
+    m = std::min(m, ranks_[size_t(r)]->max_kv_tokens(block_tokens));
+  }
+  set_device(devices_[0]);
+  return m;
+}
+
+void CudaTpTarget::init_kv(int64_t n_blocks, int64_t block_tokens) const {
+  for (int32_t r = 0; r < ranks(); ++r) {
+    set_device(devices_[size_t(r)]);
+    ranks_[size_t(r)]->init_kv(n_blocks, block_tokens);
+  }
+  set_device(devices_[0]);
+}
+
+void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
+  const int32_t R = ranks();
+  std::vector<std::vector<SeqForward>> per(static_cast<size_t>(R), seqs);
+  am_ids_.assign(seqs.size(), {});
+  am_vals_.assign(seqs.size(), {});
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const ForwardArgs& a = seqs[sq].args;
+    if (a.device_taps) fail("forward: the tensor-parallel GPU target brings taps to the host (it offers no device taps)");
+    const int64_t k = a.all_logits ? a.n : 1;
+    if (a.argmax_ids) {
+      am_ids_[sq].assign(size_t(R), std::vector<int32_t>(size_t(k)));
+      am_vals_[sq].assign(size_t(R), std::vector<float>(size_t(k)));
+    }
+    for (int32_t r = 0; r < R; ++r) {
+      ForwardArgs& b = per[size_t(r)][sq].args;
+      if (r > 0) b.taps = nullptr, b.tap_layers = nullptr;  // the residual stream is replicated: rank 0's
+      if (a.argmax_ids) {
+        b.argmax_ids = am_ids_[sq][size_t(r)].data();
+        b.argmax_vals = am_vals_[sq][size_t(r)].data();
+      }
+    }
+  }
+  std::vector<ForwardStats> st(static_cast<size_t>(R));
+  auto rank_forward = [&](int32_t r, DeviceComm& comm) {
+    set_device(devices_[size_t(r)]);
+    CudaTarget::Impl& m = ranks_[size_t(r)]->impl();
+    m.comm = &comm;
+    try {
+      ranks_[size_t(r)]->forward_batch(per[size_t(r)], stats ? &st[size_t(r)] : nullptr);
+    } catch (...) {
+      m.comm = nullptr;
+      throw;
+    }
+    m.comm = nullptr;
+  };
+  if (shared_device()) {
+    set_device(devices_[0]);
+    run_device_ranks(R, [&](DeviceComm& comm, void*) { rank_forward(comm.rank(), comm); });
+  } else {
+    // One thread a rank (each NCCL rank's calls come from its own thread). A rank that fails before the
+    // first collective fails on every rank alike (the checks are the same); NCCL has no way out of a
+    // collective a peer never joins, so nothing after the first one may throw on one rank alone.
+    std::vector<std::exception_ptr> err(static_cast<size_t>(R));
+    std::vector<std::thread> th;
+    for (int32_t r = 0; r < R; ++r)
+      th.emplace_back([&, r] {
+        try {
+          rank_forward(r, nccl_->rank(r));
+        } catch (...) {
+          err[size_t(r)] = std::current_exception();
+        }
+      });
+    for (auto& t : th) t.join();
+    set_device(devices_[0]);
+    for (auto& e : err)
+      if (e) std::rethrow_exception(e);
+  }
+  // Argmax outputs: the ranks' (value, index) combined in rank order — the greatest value, the lower
+  // rank (hence the lower index) on ties, −1 when any slice holds a NaN: sample()'s greedy choice.
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    const ForwardArgs& a = seqs[sq].args;
+    if (!a.argmax_ids) continue;
+    const int64_t k = a.all_logits ? a.n : 1;
+    for (int64_t i = 0; i < k; ++i) {
+      int32_t id = am_ids_[sq][0][size_t(i)];
+      float val = am_vals_[sq][0][size_t(i)];
+      for (int32_t q = 1; q < R && id >= 0; ++q) {
+        const int32_t oid = am_ids_[sq][size_t(q)][size_t(i)];
+        const float ov = am_vals_[sq][size_t(q)][size_t(i)];
+        if (oid < 0 || ov > val) id = oid, val = ov;
+      }
+      a.argmax_ids[i] = id;
+      a.argmax_vals[i] = val;
+    }
+  }
+  if (stats)
+    for (const ForwardStats& s : st) stats->weight_bytes += s.weight_bytes;
+}
+
+void CudaTpTarget::logits_row(int64_t seq, int64_t row, float* out) const {
+  for (int32_t r = 0; r < ranks(); ++r) {
+    set_device(devices_[size_t(r)]);
+    ranks_[size_t(r)]->logits_row(seq, row, out + vocab_begin_[size_t(r)]);
+  }
+  set_device(devices_[0]);
+}
+
+void CudaTpTarget::keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const {
+  for (int32_t r = 0; r < ranks(); ++r) {
+    set_device(devices_[size_t(r)]);
+    ranks_[size_t(r)]->keep_rows(kv, start, path);  // every rank holds its own copy of the latent
+  }
+  set_device(devices_[0]);
+}
+
+}  // namespace kd

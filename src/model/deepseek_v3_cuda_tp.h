@@ -1,0 +1,63 @@
+// The tensor-parallel GPU target (issue 14): R ranks, each a CudaTarget holding its TpRank slice of the
+// checkpoint (model/tp_plan.h) and its own copy of the latent KV, driven on R threads; partial sums
+// cross a DeviceComm (backend/cuda/device_comm.h) twice a layer in rank order, so a row's bits are the
+// same alone or batched and DDTree == AR at every R, as on the CPU (model/deepseek_v3_tp.h, the
+// reference these ranks are tested against). Ranks on distinct GPUs talk through NCCL; ranks listed on
+// one GPU (`--devices 0,0`) share it through SharedDeviceComm — the single-GPU emulation, which runs the
+// same sharded kernels and reductions (without CUDA graphs: its reductions meet on the host).
+//
+// Outputs: host logits — each rank downloads its vocabulary columns; argmax outputs — each rank's
+// (value, index) over its rows of lm_head, combined on the host with sample()'s greedy rule; taps —
+// rank 0's, on the host (a DFlash drafter beside it runs on the CPU: the GPU drafter shares the target's
+// lm_head, which no rank holds whole).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "model/target.h"
+
+namespace kd {
+
+class CudaTarget;
+class NcclCommGroup;
+
+class CudaTpTarget final : public Target {
+ public:
+  // devices[r]: rank r's GPU (R = devices.size() ≥ 2); all equal → the one-GPU emulation, all distinct →
+  // NCCL. An R the config cannot be split into is an Error naming the dimension and the valid R.
+  CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices);
+  ~CudaTpTarget() override;
+
+  int32_t ranks() const { return int32_t(ranks_.size()); }
+  const CudaTarget& rank(int32_t r) const { return *ranks_[size_t(r)]; }
+  bool shared_device() const { return nccl_ == nullptr; }
+
+  const ModelConfig& config() const override { return cfg_; }
+  std::string device() const override;
+  int64_t max_context() const override;
+  // Every rank holds the whole latent KV: on one shared GPU the pool takes R times its bytes.
+  int64_t max_kv_tokens(int64_t block_tokens) const override;
+  bool host_kv() const override { return false; }
+  void init_kv(int64_t n_blocks, int64_t block_tokens) const override;
+  AttnForm prefill_form() const override { return AttnForm::absorbed; }
+  bool supports(AttnForm form) const override { return form == AttnForm::absorbed; }
+  bool device_argmax() const override { return true; }
+  void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const override;
+  void logits_row(int64_t seq, int64_t row, float* out) const override;
+  void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;
+
+ private:
+  ModelConfig cfg_;
+  std::vector<int32_t> devices_;
+  std::vector<int64_t> vocab_begin_;  // rank r's first lm_head row
+  std::vector<std::unique_ptr<CudaTarget>> ranks_;
+  std::unique_ptr<NcclCommGroup> nccl_;
+  // Per forward: each rank's argmax outputs of every sequence that asked ([seq][rank] ids / values).
+  mutable std::vector<std::vector<std::vector<int32_t>>> am_ids_;
+  mutable std::vector<std::vector<std::vector<float>>> am_vals_;
+};
+
+}  // namespace kd
