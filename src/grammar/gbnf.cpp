@@ -1,7 +1,9 @@
 #include "grammar/gbnf.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -17,7 +19,7 @@ bool word_char(char c) {
 
 class Parser {
  public:
-  explicit Parser(std::string_view t) : t_(t) {}
+  Parser(std::string_view t, const SpecialTokens& sp) : t_(t), specials_(sp) {}
 
   Grammar run(std::string_view root) {
     skip();
@@ -41,6 +43,7 @@ class Parser {
 
  private:
   std::string_view t_;
+  const SpecialTokens& specials_;
   size_t pos_ = 0;
   GrammarBuilder b_;
 
@@ -274,7 +277,28 @@ class Parser {
       out.push_back({Element::rule, r});
       return out;
     }
-    if (c == '<' || c == '!') error(p, "token references (<…>, !<…>) are not supported: the grammar runs on bytes");
+    if (c == '!') error(p, "negated token references (!<…>) are not supported");
+    if (c == '<') {
+      const size_t e = t_.find('>', pos_ + 1);
+      if (e == std::string_view::npos) error(p, "unterminated token reference '<…>'");
+      const std::string_view inner = t_.substr(pos_ + 1, e - pos_ - 1);
+      std::optional<int32_t> id;
+      if (inner.size() >= 3 && inner.front() == '[' && inner.back() == ']') {
+        int64_t v = 0;
+        for (char d : inner.substr(1, inner.size() - 2)) {
+          if (d < '0' || d > '9' || v > (int64_t(1) << 30)) error(p, "bad token id in '<[…]>'");
+          v = v * 10 + (d - '0');
+        }
+        id = int32_t(v);
+      } else if (specials_) {
+        id = specials_(t_.substr(pos_, e - pos_ + 1));
+        if (!id) error(p, cat("'", std::string(t_.substr(pos_, std::min<size_t>(e - pos_ + 1, 60))), "' is not a special token of this model"));
+      }
+      if (!id) error(p, "token references (<…>) need the model's special tokens; the grammar runs on bytes otherwise");
+      pos_ = e + 1;
+      out.push_back({Element::token, *id});
+      return out;
+    }
     if (word_char(c)) {
       const std::string name = word();
       out.push_back({Element::rule, b_.rule(name)});
@@ -286,6 +310,50 @@ class Parser {
 
 }  // namespace
 
-Grammar parse_gbnf(std::string_view text, std::string_view root) { return Parser(text).run(root); }
+std::string prefix_rules(std::string_view t, std::string_view prefix) {
+  // Pass 1: the defined names (a word followed by ::=). Pass 2: rewrite words that are one of them.
+  std::vector<std::string> defined;
+  auto scan = [&](auto&& on_word) {
+    std::string out;
+    for (size_t i = 0; i < t.size();) {
+      const char c = t[i];
+      if (c == '"' || c == '[') {
+        const char close = c == '"' ? '"' : ']';
+        size_t j = i + 1;
+        while (j < t.size() && t[j] != close) j += t[j] == '\\' ? 2 : 1;
+        j = std::min(j + 1, t.size());
+        out.append(t.substr(i, j - i));
+        i = j;
+      } else if (c == '<' || c == '#') {
+        size_t j = t.find(c == '<' ? '>' : '\n', i);
+        j = j == std::string_view::npos ? t.size() : j + 1;
+        out.append(t.substr(i, j - i));
+        i = j;
+      } else if (word_char(c)) {
+        size_t j = i;
+        while (j < t.size() && word_char(t[j])) ++j;
+        out += on_word(std::string(t.substr(i, j - i)), j);
+        i = j;
+      } else {
+        out += c;
+        ++i;
+      }
+    }
+    return out;
+  };
+  scan([&](const std::string& w, size_t end) {
+    size_t k = end;
+    while (k < t.size() && (t[k] == ' ' || t[k] == '\t' || t[k] == '\n' || t[k] == '\r')) ++k;
+    if (t.substr(k, 3) == "::=") defined.push_back(w);
+    return w;
+  });
+  return scan([&](const std::string& w, size_t) {
+    return std::find(defined.begin(), defined.end(), w) != defined.end() ? std::string(prefix) + w : w;
+  });
+}
+
+Grammar parse_gbnf(std::string_view text, std::string_view root, const SpecialTokens& specials) {
+  return Parser(text, specials).run(root);
+}
 
 }  // namespace kd::grammar

@@ -29,9 +29,9 @@ struct ByteSet {
 };
 
 struct Element {
-  enum Kind : uint8_t { bytes, rule };
+  enum Kind : uint8_t { bytes, rule, token };
   Kind kind = bytes;
-  int32_t index = 0;  // bytes: index into Grammar::sets; rule: a rule id
+  int32_t index = 0;  // bytes: index into Grammar::sets; rule: a rule id; token: a special token's id
 };
 
 using Sequence = std::vector<Element>;

@@ -9,7 +9,7 @@ namespace kd::grammar {
 
 namespace {
 
-constexpr uint8_t kBytes = 0, kRule = 1, kEnd = 2;
+constexpr uint8_t kBytes = 0, kRule = 1, kEnd = 2, kToken = 3;
 // Masks kept per matcher (each vocab/8 bytes: 20 KB for Kimi). The memo of stacks and transitions
 // is dropped (keeping the current state) past set_memo_limits' sizes, so a long generation through
 // a grammar with many contexts cannot grow it without bound.
@@ -24,7 +24,8 @@ CompiledGrammar::CompiledGrammar(const Grammar& g) : sets(g.sets), names(g.names
   for (size_t r = 0; r < g.rules.size(); ++r)
     for (const Sequence& s : g.rules[r]) {
       alt_starts[r].push_back(int32_t(elems.size()));
-      for (const Element& e : s) elems.push_back({e.kind == Element::bytes ? kBytes : kRule, e.index});
+      for (const Element& e : s)
+        elems.push_back({e.kind == Element::bytes ? kBytes : e.kind == Element::token ? kToken : kRule, e.index});
       elems.push_back({kEnd, int32_t(r)});
     }
 }
@@ -34,6 +35,9 @@ Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const
   if (!g_ || !vocab_) fail("grammar matcher: no grammar or vocabulary");
   for (int32_t id : stop_ids_)
     if (id < 0 || id >= vocab_->vocab_size()) fail("grammar matcher: stop id ", id, " is outside the vocabulary");
+  for (const CompiledGrammar::Elem& e : g_->elems)
+    if (e.kind == kToken && (e.index < 0 || e.index >= vocab_->vocab_size() || !vocab_->is_special(e.index)))
+      fail("grammar: token <[", e.index, "]> is not a special token of this vocabulary (write text tokens as text)");
   state_begin_.push_back(0);
   std::vector<int32_t> none;
   intern_state(none);  // kDead
@@ -62,7 +66,7 @@ void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
     work_.pop_back();
     for (;;) {
       const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
-      if (e.kind == kBytes) {
+      if (e.kind == kBytes || e.kind == kToken) {
         out.push_back(intern_stack(p, par));
         break;
       }
@@ -73,7 +77,7 @@ void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
         }
         p = node_pos_[size_t(par)];
         const int32_t up = node_parent_[size_t(par)];
-        if (g_->elems[size_t(p)].kind == kBytes) {
+        if (g_->elems[size_t(p)].kind == kBytes || g_->elems[size_t(p)].kind == kToken) {
           out.push_back(par);
           break;
         }
@@ -110,10 +114,28 @@ Matcher::State Matcher::advance(State s, uint8_t byte) {
     const int32_t st = state_members_[size_t(k)];
     if (st < 0) continue;
     const int32_t p = node_pos_[size_t(st)];
-    if (g_->sets[size_t(g_->elems[size_t(p)].index)].has(byte)) closure(p + 1, node_parent_[size_t(st)], next);
+    const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
+    if (e.kind == kBytes && g_->sets[size_t(e.index)].has(byte)) closure(p + 1, node_parent_[size_t(st)], next);
   }
   const State t = intern_state(next);
   trans_.emplace(key, t);
+  return t;
+}
+
+Matcher::State Matcher::advance_special(State s, int32_t id) {
+  if (s == kDead) return kDead;
+  const uint64_t key = pair_key(s, id);
+  if (auto it = trans_special_.find(key); it != trans_special_.end()) return it->second;
+  std::vector<int32_t> next;
+  for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
+    const int32_t st = state_members_[size_t(k)];
+    if (st < 0) continue;
+    const int32_t p = node_pos_[size_t(st)];
+    const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
+    if (e.kind == kToken && e.index == id) closure(p + 1, node_parent_[size_t(st)], next);
+  }
+  const State t = intern_state(next);
+  trans_special_.emplace(key, t);
   return t;
 }
 
@@ -126,7 +148,8 @@ Matcher::State Matcher::advance_bytes(State s, std::string_view bytes) {
 }
 
 Matcher::State Matcher::advance_token(State s, int32_t id) {
-  if (id < 0 || id >= vocab_->vocab_size() || vocab_->is_special(id)) return kDead;
+  if (id < 0 || id >= vocab_->vocab_size()) return kDead;
+  if (vocab_->is_special(id)) return advance_special(s, id);
   const std::string& b = vocab_->token_bytes(id);
   return b.empty() ? kDead : advance_bytes(s, b);
 }
@@ -172,6 +195,14 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
     ++i;
   }
   stats_.trie_nodes_visited += visited;
+  // Special tokens the grammar names, where a stack expects one.
+  for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
+    const int32_t st = state_members_[size_t(k)];
+    if (st < 0) continue;
+    const CompiledGrammar::Elem& e = g_->elems[size_t(node_pos_[size_t(st)])];
+    if (e.kind == kToken && e.index >= 0 && e.index < v.vocab_size() && v.is_special(e.index))
+      mask_out_[size_t(e.index) >> 5] |= 1u << (e.index & 31);
+  }
   if (accepting(s))
     for (int32_t id : stop_ids_) mask_out_[size_t(id) >> 5] |= 1u << (id & 31);
   stats_.states = int64_t(state_begin_.size()) - 1;
@@ -198,6 +229,14 @@ bool Matcher::allowed(State s, int32_t id) {
   return advance_token(s, id) != kDead;
 }
 
+Matcher::State Matcher::after(State s, int32_t id) {
+  const State t = advance_token(s, id);
+  if (t != kDead) return t;
+  // A stop id where the grammar may end (and the grammar does not name it): generation ends here.
+  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end() && accepting(s)) return s;
+  return kDead;
+}
+
 void Matcher::apply(float* logits, int64_t n) {
   const std::vector<uint32_t>& m = mask(cur_);
   n = std::min<int64_t>(n, vocab_->vocab_size());
@@ -206,8 +245,7 @@ void Matcher::apply(float* logits, int64_t n) {
 }
 
 bool Matcher::commit(int32_t id) {
-  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return accepting(cur_);
-  const State t = advance_token(cur_, id);
+  const State t = after(cur_, id);
   if (t == kDead) return false;
   cur_ = t;
   if (node_pos_.size() > max_stacks_ || trans_.size() > max_transitions_) reset_tables();
@@ -235,6 +273,7 @@ void Matcher::reset_tables() {
   state_members_.clear();
   state_index_.clear();
   trans_.clear();
+  trans_special_.clear();
   masks_.clear();
   loops_.clear();
   std::vector<int32_t> none;

@@ -52,8 +52,11 @@ class Matcher {
   State state() const { return cur_; }
   State advance(State s, uint8_t byte);
   State advance_bytes(State s, std::string_view bytes);
-  // The state after token `id`: kDead for a rejected token, any special token, and stop ids.
+  // The state after token `id`: kDead for a rejected token (a special token only where the grammar
+  // names it; a stop id is not text: see after()).
   State advance_token(State s, int32_t id);
+  // advance_token, except that a stop id where the grammar may end leaves the state as it is.
+  State after(State s, int32_t id);
   bool accepting(State s) const;     // the grammar may end here
   bool can_continue(State s) const;  // some byte may follow
 
@@ -80,6 +83,7 @@ class Matcher {
 
  private:
   int32_t intern_stack(int32_t pos, int32_t parent);
+  State advance_special(State s, int32_t id);
   void closure(int32_t pos, int32_t parent, std::vector<int32_t>& out);
   State intern_state(std::vector<int32_t>& stacks);
   void reset_tables();  // drops the memo, keeping the current state's stacks
@@ -96,6 +100,7 @@ class Matcher {
   std::vector<int8_t> loops_;                          // [states] loops_on_plain: −1 not yet known
   std::unordered_map<std::string, int32_t> state_index_;
   std::unordered_map<uint64_t, int32_t> trans_;        // state << 8 | byte → state
+  std::unordered_map<uint64_t, int32_t> trans_special_;  // (state, special token id) → state
   std::unordered_map<int32_t, std::vector<uint32_t>> masks_;
   std::vector<uint32_t> mask_out_;
   std::vector<int32_t> walk_;                          // [max depth + 1] states along the trie path

@@ -267,13 +267,10 @@ void parse_chat(const json& body, ApiRequest& r) {
       if (!name || name->empty()) bad_request(w, cat("'", w, ".function.name': expected a non-empty string"));
       if (const json* params = field(*f, "parameters"); params && !params->is_object())
         wrong_type(w + ".function.parameters", "an object", *params);
-      // Strict tools promise schema-valid arguments, which needs constrained decoding (not built yet):
-      // refuse rather than accept a promise kdtree would not keep.
+      // Strict tools: the tool-call section is decoded under a grammar (server/tool_grammar.h).
       if (const json* strict = field(*f, "strict")) {
         if (!strict->is_boolean()) wrong_type(w + ".function.strict", "a boolean", *strict);
-        if (strict->get<bool>())
-          bad_request(w, cat("'", w, ".function.strict': true is not supported yet (kdtree has no constrained decoding); "
-                                     "send strict: false or leave it out"));
+        r.strict_tools = r.strict_tools || strict->get<bool>();
       }
       r.tool_names.push_back(*name);
     }
@@ -339,6 +336,8 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body_text) {
   parse_logprobs(body, r);
   if (endpoint == Endpoint::chat) {
     parse_chat(body, r);
+    // The parameter schemas in document order (this body's objects are key-sorted).
+    if (r.strict_tools) r.tools_json_ordered = nlohmann::ordered_json::parse(body_text)["tools"].dump();
   } else {
     parse_prompt(body, r);
     for (const char* p : {"messages", "tools", "tool_choice", "chat_template_kwargs"})

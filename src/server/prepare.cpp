@@ -2,6 +2,7 @@
 
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
+#include "server/tool_grammar.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -63,9 +64,11 @@ std::vector<int32_t> stop_ids_for(const ApiRequest& req, const ServedModel& m) {
 // response_format / grammar → the compiled grammar (a 400 naming the schema path or the GBNF line)
 // and the tokenizer's trie. JSON is written with the separators json.dumps uses (", " and ": "), so
 // a model is never free to pad with whitespace until max_tokens.
-grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel& m) {
+grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel& m, const std::string& tool_gbnf) {
   namespace gr = kd::grammar;
-  const std::string param = req.constraint == ApiRequest::Constraint::gbnf ? "grammar" : "response_format";
+  const std::string param = !tool_gbnf.empty() ? "tools" : req.constraint == ApiRequest::Constraint::gbnf ? "grammar" : "response_format";
+  // Token references (<|tool_call_begin|>, <[id]>) resolve to the model's special tokens.
+  const gr::SpecialTokens specials = [&m](std::string_view name) { return m.tokenizer->special_id(name); };
   gr::GrammarSpec spec;
   try {
     gr::JsonGrammarOptions jo;
@@ -80,10 +83,11 @@ grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel
         g = gr::json_schema_grammar(nlohmann::ordered_json::parse(req.constraint_source), jo);
         break;
       case ApiRequest::Constraint::gbnf:
-        g = gr::parse_gbnf(req.constraint_source);
+        g = gr::parse_gbnf(req.constraint_source, "root", specials);
         break;
       case ApiRequest::Constraint::none:
-        return spec;
+        g = gr::parse_gbnf(tool_gbnf, "root", specials);
+        break;
     }
     spec.grammar = std::make_shared<const gr::CompiledGrammar>(g);
   } catch (const Error& e) {
@@ -105,6 +109,7 @@ int count_tool_calls(const std::vector<ChatMessage>& msgs) {
 
 PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
   PreparedRequest p;
+  std::string tool_gbnf;  // strict tools: the answer's grammar
   ResponseOptions& ro = p.response;
   ro.endpoint = req.endpoint;
   ro.stream = req.stream;
@@ -148,6 +153,8 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
         prefill += cat("<|tool_call_begin|>functions.", req.tool_choice_name, ":", count_tool_calls(req.messages),
                        "<|tool_call_argument_begin|>");
     }
+    if (req.strict_tools && req.constraint != ApiRequest::Constraint::none)
+      bad_request("response_format", "'response_format' / 'grammar' and strict tools cannot both constrain the answer");
     // Constrained output has no reasoning either: the grammar covers the whole answer.
     if (req.constraint != ApiRequest::Constraint::none) {
       if (req.tool_choice == ToolChoice::required || req.tool_choice == ToolChoice::named)
@@ -161,6 +168,14 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
     // tool_choice none: the tools stay declared in the prompt (vLLM's default) but calls are not parsed.
     ro.parser.tool_calls = req.tool_choice != ToolChoice::none;
     ro.prefill = prefill;
+    if (req.strict_tools && req.tool_choice != ToolChoice::none) {
+      try {
+        tool_gbnf = kimi_tool_call_gbnf(nlohmann::ordered_json::parse(req.tools_json_ordered), req.tool_choice,
+                                        req.tool_choice_name, in_reasoning && prefill.empty());
+      } catch (const Error& e) {
+        bad_request("tools", e.what());
+      }
+    }
   }
   const int64_t n_prompt = int64_t(p.prompt.size());
   if (n_prompt == 0) bad_request("prompt", "the prompt encodes to no tokens");
@@ -191,7 +206,7 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
   g.seq_id = 0;  // samples depend on (seed, position) only, never on what else runs
   p.top_logprobs = req.top_logprobs;
   if (!req.ignore_eos) ro.hidden_ids = g.stop_ids;
-  if (req.constraint != ApiRequest::Constraint::none) p.grammar = compile_constraint(req, m);
+  if (req.constraint != ApiRequest::Constraint::none || !tool_gbnf.empty()) p.grammar = compile_constraint(req, m, tool_gbnf);
   return p;
 }
 

@@ -57,7 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const kd::Error&) {
     return 0;
   }
-  g::Matcher m(cg, vocab, {vocab->vocab_size() - 1});
+  std::unique_ptr<g::Matcher> mp;
+  try {
+    mp = std::make_unique<g::Matcher>(cg, vocab, std::vector<int32_t>{vocab->vocab_size() - 1});
+  } catch (const kd::Error&) {
+    return 0;  // e.g. <[id]> naming a token that is not special here
+  }
+  g::Matcher& m = *mp;
   m.set_memo_limits(4096, 4096);
   for (size_t i = 0; i < walk.size() && i < 64; ++i) {
     const std::vector<uint32_t> mask = m.mask(m.state());

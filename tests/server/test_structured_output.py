@@ -172,3 +172,47 @@ def test_ddtree_under_a_grammar_equals_plain_decoding(client, spec_server, tempe
         tree = chat(spec, schema, seed=seed, temperature=temperature)
         assert tree == plain, name
         check(schema, *tree)
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "pick", "strict": True, "parameters": {
+        "type": "object", "properties": {"color": {"enum": ["red", "blue"]}, "n": {"type": "integer"}},
+        "required": ["color", "n"], "additionalProperties": False}}},
+]
+SCHEMA_OF = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "pick"}}])
+def test_strict_tool_calls_validate(client, tool_choice):
+    calls = 0
+    for seed in range(12):
+        r = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, tool_choice=tool_choice, seed=seed,
+                                           temperature=1.0, max_tokens=160)
+        c = r.choices[0]
+        if c.finish_reason == "length":
+            continue  # cut: nothing to validate (a call cut inside its arguments carries an error)
+        assert c.finish_reason == "tool_calls", c
+        for tc in c.message.tool_calls:
+            assert tc.function.name in SCHEMA_OF
+            if isinstance(tool_choice, dict):
+                assert tc.function.name == "pick"
+            jsonschema.validate(json.loads(tc.function.arguments), SCHEMA_OF[tc.function.name])
+            assert re.fullmatch(r"functions\.(get_weather|pick):[0-9]+", tc.id), tc.id
+            calls += 1
+    assert calls >= 6
+
+
+def test_strict_tools_auto_text_or_valid_calls(client):
+    for seed in range(4):
+        r = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, seed=seed, temperature=1.0, max_tokens=24)
+        c = r.choices[0]
+        for tc in c.message.tool_calls or []:
+            if not (c.model_extra or {}).get("error"):
+                jsonschema.validate(json.loads(tc.function.arguments), SCHEMA_OF[tc.function.name])
+        assert c.finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_strict_tools_and_response_format_is_400(server):
+    status, _, r = server.post("/v1/chat/completions", {"messages": MSGS, "tools": TOOLS, "response_format": {"type": "json_object"}})
+    assert status == 400 and "strict tools" in r["error"]["message"]

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,8 @@ TEST(Grammar, GbnfErrorsNameTheProblem) {
   EXPECT_NE(msg("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
   EXPECT_NE(msg("root ::= (\"a\"? )* \"b\"").find("left-recursive"), std::string::npos);
   EXPECT_NE(msg("root ::= \"a\"\n  \"b").find("line 2"), std::string::npos);
-  EXPECT_NE(msg("root ::= <[123]>").find("token references"), std::string::npos);
+  EXPECT_NE(msg("root ::= <think>").find("need the model's special tokens"), std::string::npos);
+  EXPECT_NE(msg("root ::= !<think>").find("negated"), std::string::npos);
   EXPECT_NE(msg("root ::= [z-a]").find("backwards"), std::string::npos);
   EXPECT_NE(msg("root ::= \"a\"{5,2}").find("n < m"), std::string::npos);
   EXPECT_NE(msg("root ::= \"a\"{99999}").find("above"), std::string::npos);
@@ -240,6 +242,47 @@ TEST(Grammar, LongGenerationsKeepTheMemoBounded) {
   EXPECT_TRUE(small.finished());
   EXPECT_GT(small.stats().resets, 10);  // the small memo was dropped many times, the masks never changed
   EXPECT_EQ(m.stats().resets, 0);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Grammar, SpecialTokenReferences) {
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, char(b)));
+  v.push_back("<|call|>");  // 256, special
+  v.push_back("<eos>");     // 257, special, the stop id
+  v.push_back("<|call|>");  // 258: the same bytes as text (not the marker)
+  std::vector<bool> special(v.size(), false);
+  special[256] = special[257] = true;
+  auto vocab = std::make_shared<const g::VocabTrie>(v, special);
+  const g::SpecialTokens names = [](std::string_view n) -> std::optional<int32_t> {
+    if (n == "<|call|>") return 256;
+    return std::nullopt;
+  };
+  const g::Grammar gr = g::parse_gbnf("root ::= \"x\" <|call|> \"y\"? <[257]>\n", "root", names);
+  g::Matcher m(std::make_shared<const g::CompiledGrammar>(gr), vocab, {257});
+  EXPECT_FALSE(m.allowed(m.state(), 256));
+  ASSERT_TRUE(m.commit('x'));
+  const auto& mask = m.mask(m.state());
+  EXPECT_TRUE((mask[256 >> 5] >> (256 & 31)) & 1);
+  EXPECT_FALSE((mask[258 >> 5] >> (258 & 31)) & 1);  // the marker's text is not the marker
+  EXPECT_FALSE(m.allowed(m.state(), '<'));
+  ASSERT_TRUE(m.commit(256));
+  ASSERT_TRUE(m.commit('y'));
+  EXPECT_FALSE(m.accepting());  // <[257]> must still come, and is both named and the stop id
+  ASSERT_TRUE(m.commit(257));
+  EXPECT_TRUE(m.finished());
+  EXPECT_THROW(g::parse_gbnf("root ::= <|nope|>", "root", names), kd::Error);
+  EXPECT_THROW(g::parse_gbnf("root ::= <|call|>"), kd::Error);  // no resolver: bytes only
+  // A token id that is not special is refused when the matcher is made.
+  EXPECT_THROW(g::Matcher(std::make_shared<const g::CompiledGrammar>(g::parse_gbnf("root ::= <[65]>")), vocab, {257}), kd::Error);
+}
+
+TEST(Grammar, PrefixRulesRenamesDefinitionsAndReferencesOnly) {
+  EXPECT_EQ(g::prefix_rules("root ::= a \"a b\\\" a\" [a\\]] <a> b # a\na ::= \"x\" ws\nws ::= [ ]*\n", "p-"),
+            "p-root ::= p-a \"a b\\\" a\" [a\\]] <a> b # a\np-a ::= \"x\" p-ws\np-ws ::= [ ]*\n");
 }
 
 }  // namespace
