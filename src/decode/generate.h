@@ -48,6 +48,9 @@ struct SpecOptions {
   // A drafter on a device hands back the tree builder's top-k from there (Drafter::top_k_on_device,
   // the same tree bit for bit); false: its logits come to the host (the tests' reference).
   bool device_top_k = true;
+  // A constrained request's tree holds only prefixes its grammar allows (tree.h NodeFilter); false
+  // drafts unmasked (the output is the same either way; for measuring τ).
+  bool grammar_draft = true;
 };
 
 // Checks a speculative request's options (the tree budget within [1, kMaxTreeBudget] unless chain);

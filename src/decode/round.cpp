@@ -6,13 +6,17 @@
 namespace kd {
 
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
-                       int64_t vocab, std::vector<float>& draft_logits, bool device_top_k) {
+                       int64_t vocab, std::vector<float>& draft_logits, bool device_top_k, const NodeFilter& filter) {
   const int64_t k = spec.chain ? 1 : std::min<int64_t>(spec.budget, vocab);
   DraftTopK top;
   if (device_top_k && drafter.top_k_on_device(bonus, start, L, k, top))
-    return make_round(spec.chain ? build_draft_chain(top) : build_draft_tree(top, spec.budget), bonus, start);
+    return make_round(spec.chain ? build_draft_chain(top, filter) : build_draft_tree(top, spec.budget, filter), bonus, start);
   draft_logits.resize(static_cast<size_t>((drafter.block_size() - 1) * vocab));
   drafter.draft(bonus, start, draft_logits.data());
+  if (filter) {
+    const DraftTopK host = draft_top_k(draft_logits.data(), L, vocab, k);
+    return make_round(spec.chain ? build_draft_chain(host, filter) : build_draft_tree(host, spec.budget, filter), bonus, start);
+  }
   return make_round(spec.chain ? build_draft_chain(draft_logits.data(), L, vocab)
                                : build_draft_tree(draft_logits.data(), L, vocab, spec.budget),
                     bonus, start);

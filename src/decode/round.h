@@ -21,8 +21,11 @@ struct DraftRound {
 // device (Drafter::top_k_on_device: the same tree, bit for bit) does so unless device_top_k is false
 // (the GPU tests' host reference); others bring their logits to the host, into draft_logits
 // (scratch of [block − 1, vocab]).
+// filter (optional): the grammar's per-node test (tree.h NodeFilter); the tree then holds only
+// prefixes it allows.
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
-                       int64_t vocab, std::vector<float>& draft_logits, bool device_top_k = true);
+                       int64_t vocab, std::vector<float>& draft_logits, bool device_top_k = true,
+                       const NodeFilter& filter = {});
 
 // The round for a built tree: node 0 set to the bonus, positions start + depth, visibility.
 DraftRound make_round(DraftTree tree, int32_t bonus, int64_t start);

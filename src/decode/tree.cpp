@@ -75,7 +75,9 @@ DraftTree build_draft_tree(const float* logits, int64_t positions, int64_t vocab
   return build_draft_tree(draft_top_k(logits, positions, vocab, std::min(budget, vocab)), budget);
 }
 
-DraftTree build_draft_tree(const DraftTopK& top, int64_t budget) {
+DraftTree build_draft_tree(const DraftTopK& top, int64_t budget) { return build_draft_tree(top, budget, NodeFilter{}); }
+
+DraftTree build_draft_tree(const DraftTopK& top, int64_t budget, const NodeFilter& filter) {
   if (budget < 1) fail("draft tree: budget must be at least 1 (got ", budget, ")");
   const int64_t positions = top.positions, k = top.k;
   if (positions < 1 || k < 1 || top.ids.size() != size_t(positions * k) || top.logp.size() != top.ids.size() ||
@@ -90,14 +92,16 @@ DraftTree build_draft_tree(const DraftTopK& top, int64_t budget) {
     HeapEntry e = heap.top();
     heap.pop();
     const int32_t depth = int32_t(e.ranks.size()), rank = e.ranks.back();
-    add_node(t, top.ids[size_t((depth - 1) * k + rank)], depth, e.parent, rank, e.score);
+    const int32_t token = top.ids[size_t((depth - 1) * k + rank)];
+    const bool keep = !filter || filter(e.parent, token);
+    if (keep) add_node(t, token, depth, e.parent, rank, e.score);
     const int32_t idx = int32_t(t.size() - 1);
     if (rank + 1 < top.valid[size_t(depth - 1)]) {
       HeapEntry sib{e.score - logp(depth - 1, rank) + logp(depth - 1, rank + 1), e.ranks, e.parent};
       sib.ranks.back() = rank + 1;
       heap.push(std::move(sib));
     }
-    if (depth < positions) {
+    if (keep && depth < positions) {
       HeapEntry child{e.score + logp(depth, 0), e.ranks, idx};
       child.ranks.push_back(0);
       heap.push(std::move(child));
@@ -111,13 +115,14 @@ DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t voca
   return build_draft_chain(draft_top_k(logits, positions, vocab, 1));
 }
 
-DraftTree build_draft_chain(const DraftTopK& top) {
+DraftTree build_draft_chain(const DraftTopK& top, const NodeFilter& filter) {
   const int64_t positions = top.positions, k = top.k;
   if (positions < 1 || k < 1 || top.ids.size() != size_t(positions * k) || top.logp.size() != top.ids.size())
     fail("draft chain: malformed top-k (", positions, " positions × ", k, ")");
   DraftTree t = empty_tree(positions);
   double score = 0;
   for (int64_t p = 0; p < positions; ++p) {
+    if (filter && !filter(int32_t(p), top.ids[size_t(p * k)])) break;
     score += double(top.logp[size_t(p * k)]);
     add_node(t, top.ids[size_t(p * k)], int32_t(p + 1), int32_t(p), 0, score);
   }

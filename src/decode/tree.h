@@ -4,6 +4,7 @@
 // token), so parent[i] < i and every node's ancestors precede it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "sample/top_k.h"  // DraftTopK, draft_top_k
@@ -42,9 +43,18 @@ DraftTree build_draft_tree(const float* logits, int64_t positions, int64_t vocab
 // The same from draft_top_k(logits, positions, vocab, min(budget, vocab)).
 DraftTree build_draft_tree(const DraftTopK& top, int64_t budget);
 
+// Constrained decoding (a grammar): filter(parent, token) says whether `token` may follow node
+// `parent`'s path; a node is added, at index size(), exactly when the filter returned true for it
+// (so a caller can keep per-node state in step). Rejected candidates are skipped — their next-ranked
+// sibling still enters the heap — so the budget goes to prefixes the grammar allows. An empty filter
+// is the unfiltered build.
+using NodeFilter = std::function<bool(int32_t parent, int32_t token)>;
+DraftTree build_draft_tree(const DraftTopK& top, int64_t budget, const NodeFilter& filter);
+
 // The single chain of top-1 tokens (DFlash verify): `positions` nodes, node i's parent is i − 1.
 DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t vocab);
-// The same from draft_top_k(logits, positions, vocab, k ≥ 1) (rank 0 only).
-DraftTree build_draft_chain(const DraftTopK& top);
+// The same from draft_top_k(logits, positions, vocab, k ≥ 1) (rank 0 only); with a filter, the
+// chain ends before the first token it rejects.
+DraftTree build_draft_chain(const DraftTopK& top, const NodeFilter& filter = {});
 
 }  // namespace kd

@@ -248,7 +248,20 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     // (A drafter on the GPU hands back only the tree builder's top-k: draft_round.)
     std::vector<float> scratch;
     const double t0 = now_s();
-    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch, opt.spec.device_top_k));
+    // Under a grammar, a node is kept only if its path is a prefix the grammar allows: each node's
+    // matcher state is its parent's advanced by its token (nodes arrive in index order).
+    NodeFilter filter;
+    std::vector<grammar::Matcher::State> node_state;
+    if (s.matcher && opt.spec.grammar_draft) {
+      node_state.push_back(s.matcher->state());  // the root: the bonus, already committed
+      filter = [&](int32_t parent, int32_t tok) {
+        const grammar::Matcher::State t = s.matcher->after(node_state[size_t(parent)], tok);
+        if (t == grammar::Matcher::kDead) return false;
+        node_state.push_back(t);
+        return true;
+      };
+    }
+    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch, opt.spec.device_top_k, filter));
     s.stats.draft_ms += (now_s() - t0) * 1e3;
     s.step_rows = s.round->tree.size();
     a.ids = s.round->tree.tokens.data();
