@@ -36,6 +36,25 @@ CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& d
   if (!one_gpu && std::set<int32_t>(devices.begin(), devices.end()).size() != devices.size())
     fail("--devices: list a different GPU for every rank (NCCL), or the same GPU for all of them (the one-GPU emulation), "
          "not a mix");
+  {
+    // The memory plan (model/tp_plan.h, as `inspect --tp R` prints it), checked on every GPU before
+    // anything is uploaded: the ranks it holds, their weights and workspace, against its free memory.
+    const TpPlan plan = plan_tp(cfg_, R);
+    const uint64_t workspace = tp_memory(cfg_, plan, 0).workspace_bytes;
+    for (int32_t d : std::set<int32_t>(devices.begin(), devices.end())) {
+      uint64_t need = 0;
+      int32_t here = 0;
+      for (int32_t r = 0; r < R; ++r)
+        if (devices[size_t(r)] == d) need += plan.weight_bytes_by_rank[size_t(r)] + workspace, ++here;
+      set_device(d);
+      size_t free_b = 0, total_b = 0;
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) fail("CUDA: cudaMemGetInfo on GPU ", d);
+      if (need > free_b)
+        fail("--tp ", R, ": GPU ", d, " would hold ", here, " rank", here == 1 ? "" : "s", " — ", double(need) / 1e9,
+             " GB of weights and workspace (kdtree inspect --tp ", R, " shows the plan) — but has ", double(free_b) / 1e9,
+             " GB free: spread the ranks over more GPUs (--devices) or raise --tp");
+    }
+  }
   for (int32_t r = 0; r < R; ++r) {
     // Rank r's slice is read from the mmap (views, and copies of its columns of o_proj / down_proj),
     // uploaded, and dropped from the host.
