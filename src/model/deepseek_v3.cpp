@@ -609,22 +609,6 @@ void DeepseekV3::run(const std::vector<SeqForward>& seqs, ForwardStats* stats, C
   logit_outputs(seqs, plan, x, stats, comm);
 }
 
-namespace {
-// One rank's greedy choice over its lm_head rows, as exchanged between ranks: sample()'s greedy rule
-// — the first index holding the maximum — with idx −1 when the row holds a NaN.
-struct RankArgmax {
-  float val;
-  int32_t idx;
-};
-RankArgmax rank_argmax(const float* row, int64_t n, int64_t first_id) {
-  RankArgmax best{-std::numeric_limits<float>::infinity(), int32_t(first_id)};
-  for (int64_t v = 0; v < n; ++v) {
-    if (std::isnan(row[v])) return {row[v], -1};
-    if (row[v] > best.val) best = {row[v], int32_t(first_id + v)};
-  }
-  return best;
-}
-}  // namespace
 
 // Logits of the rows that want them (all rows, or each sequence's last), in one lm_head pass over
 // this instance's vocabulary rows.
@@ -661,9 +645,8 @@ void DeepseekV3::logit_outputs(const std::vector<SeqForward>& seqs, const BatchP
       std::copy_n(&lg[size_t((kept_row0_[sq] + i) * Vr)], Vr, a.logits + i * V + vocab_begin_);
   }
   if (comm) {
-    // Argmax outputs: every rank's (value, index) of every logit row, combined in rank order — the
-    // greatest value, the lower rank (hence the lower index) on ties, −1 when any slice holds a NaN —
-    // which is sample()'s greedy choice over the whole row.
+    // Argmax outputs: every rank's (value, index) of every logit row, exchanged and combined
+    // (combine_rank_argmax: sample()'s greedy choice over the whole row).
     bool any_argmax = false;
     for (const SeqForward& f : seqs) any_argmax = any_argmax || f.args.argmax_ids;
     if (any_argmax) {
@@ -676,11 +659,7 @@ void DeepseekV3::logit_outputs(const std::vector<SeqForward>& seqs, const BatchP
         if (!a.argmax_ids) continue;
         const int64_t k = a.all_logits ? a.n : 1;
         for (int64_t i = 0; i < k; ++i) {
-          RankArgmax best = all[size_t(kept_row0_[sq] + i)];
-          for (int32_t q = 1; q < R && best.idx >= 0; ++q) {
-            const RankArgmax& o = all[size_t(q * m + kept_row0_[sq] + i)];
-            if (o.idx < 0 || o.val > best.val) best = o;
-          }
+          const RankArgmax best = combine_rank_argmax(&all[size_t(kept_row0_[sq] + i)], R, size_t(m));
           a.argmax_ids[i] = best.idx;
           a.argmax_vals[i] = best.val;
         }

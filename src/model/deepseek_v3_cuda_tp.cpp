@@ -163,22 +163,17 @@ void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardSta
     for (auto& e : err)
       if (e) std::rethrow_exception(e);
   }
-  // Argmax outputs: the ranks' (value, index) combined in rank order — the greatest value, the lower
-  // rank (hence the lower index) on ties, −1 when any slice holds a NaN: sample()'s greedy choice.
+  // Argmax outputs: the ranks' (value, index) combined (combine_rank_argmax: sample()'s greedy choice).
   for (size_t sq = 0; sq < seqs.size(); ++sq) {
     const ForwardArgs& a = seqs[sq].args;
     if (!a.argmax_ids) continue;
     const int64_t k = a.all_logits ? a.n : 1;
+    std::vector<RankArgmax> of_rank(static_cast<size_t>(R));
     for (int64_t i = 0; i < k; ++i) {
-      int32_t id = am_ids_[sq][0][size_t(i)];
-      float val = am_vals_[sq][0][size_t(i)];
-      for (int32_t q = 1; q < R && id >= 0; ++q) {
-        const int32_t oid = am_ids_[sq][size_t(q)][size_t(i)];
-        const float ov = am_vals_[sq][size_t(q)][size_t(i)];
-        if (oid < 0 || ov > val) id = oid, val = ov;
-      }
-      a.argmax_ids[i] = id;
-      a.argmax_vals[i] = val;
+      for (int32_t q = 0; q < R; ++q) of_rank[size_t(q)] = {am_vals_[sq][size_t(q)][size_t(i)], am_ids_[sq][size_t(q)][size_t(i)]};
+      const RankArgmax best = combine_rank_argmax(of_rank.data(), R);
+      a.argmax_ids[i] = best.idx;
+      a.argmax_vals[i] = best.val;
     }
   }
   if (stats)

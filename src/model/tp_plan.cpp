@@ -1,6 +1,8 @@
 #include "model/tp_plan.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -179,6 +181,24 @@ uint64_t tp_activation_bytes_per_row(const ModelConfig& c, const TpPlan& p) {
                          p.heads_per_rank * (c.qk_head_dim() + c.kv_lora_rank + c.v_head_dim) + 2 * mlp +
                          p.vocab_rows_per_rank;
   return uint64_t(values) * 4;
+}
+
+RankArgmax rank_argmax(const float* row, int64_t n, int64_t first_id) {
+  RankArgmax best{-std::numeric_limits<float>::infinity(), int32_t(first_id)};
+  for (int64_t v = 0; v < n; ++v) {
+    if (std::isnan(row[v])) return {row[v], -1};
+    if (row[v] > best.val) best = {row[v], int32_t(first_id + v)};
+  }
+  return best;
+}
+
+RankArgmax combine_rank_argmax(const RankArgmax* per_rank, int32_t ranks, size_t stride) {
+  RankArgmax best = per_rank[0];
+  for (int32_t q = 1; q < ranks && best.idx >= 0; ++q) {
+    const RankArgmax& o = per_rank[size_t(q) * stride];
+    if (o.idx < 0 || o.val > best.val) best = o;
+  }
+  return best;
 }
 
 TpMemory tp_memory(const ModelConfig& c, const TpPlan& p, uint64_t gpu_bytes, int64_t rows) {

@@ -77,6 +77,18 @@ TpPlan plan_tp(const ModelConfig& c, int32_t ranks);
 // Every R in [1, num_attention_heads] for which plan_tp succeeds, ascending.
 std::vector<int32_t> valid_tp_ranks(const ModelConfig& c);
 
+// Greedy over a row split by vocabulary (lm_head): each rank's (value, index) of its slice — the first
+// index holding its maximum, index −1 when the slice holds a NaN — combined in rank order: the greatest
+// value, the lower rank (hence the lower index) on ties, −1 when any slice has a NaN. That is sample()'s
+// greedy choice over the whole row (first maximum, NaN refused), so argmax outputs under TP equal the
+// host logits' choice bit for bit. `per_rank[q * stride]` is rank q's.
+struct RankArgmax {
+  float val;
+  int32_t idx;
+};
+RankArgmax rank_argmax(const float* row, int64_t n, int64_t first_id);  // over one rank's slice [n]
+RankArgmax combine_rank_argmax(const RankArgmax* per_rank, int32_t ranks, size_t stride = 1);
+
 // The per-GPU memory plan. The workspace is an estimate, not a measurement: a fixed allowance for the
 // CUDA context, cuBLAS workspaces, graphs and communicator buffers, plus the fp32 activations of
 // `rows` rows in flight on one rank (tp_activation_bytes_per_row).

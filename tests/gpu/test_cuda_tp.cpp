@@ -31,38 +31,19 @@
 #include "model/deepseek_v3_cuda_tp.h"
 #include "model/deepseek_v3_tp.h"
 #include "model/make_model.h"
+#include "tp_test_model.h"
 
 namespace kd {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string tp8_dir() {
-  static std::string dir;
-  if (!dir.empty()) return dir;
-  dir = (fs::temp_directory_path() / cat("kdtree_gpu_tp8_", ::getpid())).string();
-  nlohmann::ordered_json c = nlohmann::ordered_json::parse(preset_config_json("small"));
-  c["moe_intermediate_size"] = 256;
-  c["num_hidden_layers"] = 3;
-  c["vocab_size"] = 1000;
-  const std::string cfg = dir + ".config.json";
-  std::ofstream(cfg) << c.dump(2);
-  MakeModelOptions o;
-  o.config_path = cfg;
-  o.out_dir = dir;
-  o.seed = 11;
-  o.force = true;
-  make_model(o);
-  fs::remove(cfg);
-  return dir;
-}
-
 struct TpCase {
   const char* model;  // a fixture, or "tp8"
   int32_t R;
 };
 void PrintTo(const TpCase& c, std::ostream* os) { *os << c.model << " R=" << c.R; }
-std::string dir_of(const TpCase& c) { return std::string(c.model) == "tp8" ? tp8_dir() : gpu_test::fixture(c.model); }
+std::string dir_of(const TpCase& c) { return std::string(c.model) == "tp8" ? test::tp8_model_dir() : gpu_test::fixture(c.model); }
 
 struct Loaded {
   std::unique_ptr<Checkpoint> ck;

@@ -17,7 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <limits>
 #include <memory>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -32,7 +34,9 @@
 #include "model/deepseek_v3_tp.h"
 #include "model/make_drafter.h"
 #include "model/make_model.h"
+#include "tp_test_model.h"
 #include "model/tp_plan.h"
+#include "sample/sampler.h"
 #include "test_util.h"
 
 namespace kd {
@@ -41,28 +45,6 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fixture_dir(const std::string& name) { return std::string(KDTREE_FIXTURES) + "/" + name; }
-
-// A small random model with 8 heads and 256-wide INT4 experts, so R = 8 divides every shape (the HF
-// fixtures have 4 heads). Made once per test binary run.
-std::string tp8_model_dir() {
-  static std::string dir;
-  if (!dir.empty()) return dir;
-  dir = (fs::temp_directory_path() / cat("kdtree_test_tp8_", ::getpid())).string();
-  nlohmann::ordered_json c = nlohmann::ordered_json::parse(preset_config_json("small"));
-  c["moe_intermediate_size"] = 256;
-  c["num_hidden_layers"] = 3;
-  c["vocab_size"] = 1000;  // 1000 / 8 = 125 rows a rank; 4 ranks hold 250
-  const std::string cfg = dir + ".config.json";
-  std::ofstream(cfg) << c.dump(2);
-  MakeModelOptions o;
-  o.config_path = cfg;
-  o.out_dir = dir;
-  o.seed = 11;
-  o.force = true;
-  make_model(o);
-  fs::remove(cfg);
-  return dir;
-}
 
 struct Loaded {
   std::unique_ptr<Checkpoint> ck;
@@ -107,7 +89,7 @@ struct TpCase {
   int32_t R;
 };
 void PrintTo(const TpCase& c, std::ostream* os) { *os << c.dir_name << " R=" << c.R; }
-std::string dir_of(const TpCase& c) { return c.dir_name == "tp8" ? tp8_model_dir() : fixture_dir(c.dir_name); }
+std::string dir_of(const TpCase& c) { return c.dir_name == "tp8" ? test::tp8_model_dir() : fixture_dir(c.dir_name); }
 std::vector<TpCase> tp_cases() {
   return {{"k2-bf16", 2}, {"k2-bf16", 4}, {"dsv3-group", 2}, {"dsv3-group", 4}, {"k25-sharded", 2}, {"tp8", 2}, {"tp8", 8}};
 }
@@ -306,6 +288,43 @@ TEST(TensorParallel, RefusesRThatDoesNotDivide) {
   Checkpoint ck4(fixture_dir("k2-int4"));  // 96-wide INT4 experts: 48 columns a rank break the 32-groups
   EXPECT_THROW(DeepseekV3Tp(ck4, 2), Error);
   EXPECT_THROW(DeepseekV3Tp(ck, 1), Error);
+}
+
+}  // namespace
+}  // namespace kd
+
+namespace kd {
+namespace {
+
+// The argmax exchange equals sample()'s greedy choice over the whole row (kd::argmax: the first
+// maximum), on rows full of ties across slice boundaries; a NaN in any slice is −1 (sample() refuses
+// such a row), a row of −inf reports −inf.
+TEST(TensorParallel, ArgmaxExchangeIsTheGreedyChoiceOverTheWholeRow) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int32_t R = 2 + trial % 7;
+    const int64_t V = R + int64_t(rng() % 40), per = (V + R - 1) / R;
+    if ((R - 1) * per >= V) continue;  // the plan refuses a rank without vocabulary
+    std::vector<float> row(static_cast<size_t>(V));
+    for (auto& x : row) x = float(rng() % 3);  // values in {0, 1, 2}: ties everywhere
+    std::vector<RankArgmax> ranks;
+    for (int32_t q = 0; q < R; ++q) {
+      const int64_t b = q * per, n = std::min(per, V - b);
+      ranks.push_back(rank_argmax(row.data() + b, n, b));
+    }
+    const RankArgmax got = combine_rank_argmax(ranks.data(), R);
+    ASSERT_EQ(got.idx, argmax(row.data(), int32_t(V))) << "trial " << trial;
+    ASSERT_EQ(got.val, row[size_t(got.idx)]);
+    if (trial % 10 == 0) {
+      row[size_t(rng() % V)] = std::nanf("");
+      ranks.clear();
+      for (int32_t q = 0; q < R; ++q) ranks.push_back(rank_argmax(row.data() + q * per, std::min(per, V - q * per), q * per));
+      EXPECT_EQ(combine_rank_argmax(ranks.data(), R).idx, -1);
+    }
+  }
+  const std::vector<float> ninf(8, -std::numeric_limits<float>::infinity());
+  const RankArgmax a[2] = {rank_argmax(ninf.data(), 4, 0), rank_argmax(ninf.data() + 4, 4, 4)};
+  EXPECT_EQ(combine_rank_argmax(a, 2).val, -std::numeric_limits<float>::infinity());
 }
 
 }  // namespace
