@@ -1,13 +1,14 @@
 // The made model of the tensor-parallel tests (tests/unit/test_tensor_parallel.cpp on the CPU,
 // tests/gpu/test_cuda_tp.cpp on the GPU): the "small" preset with 8 heads, 256-wide INT4 experts and a
 // 1000-token vocabulary, so that R = 8 divides every shape (the HF fixtures have 4 heads). Random
-// weights (make_model, seed 11), written once per test binary run to a temporary directory.
+// weights (make_model, seed 11), written once per test process to a temporary directory, removed at exit.
 #pragma once
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +35,14 @@ inline std::string tp8_model_dir() {
   o.force = true;
   make_model(o);
   fs::remove(cfg);
+  // Removed at exit (ctest runs every test in a process of its own: one model each).
+  static const struct Remove {
+    std::string d;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  } remove_at_exit{dir};
   return dir;
 }
 
