@@ -96,7 +96,7 @@ int cmd_bench(const BenchOptions& o) {
   if (!o.serve.empty() && o.device != "cuda") fail("--serve: the engine load test runs with --device cuda (the CPU's is bench/serve_load.py)");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
   if (o.device == "cuda" && o.tp.tp > 1 && !o.serve.empty())
-    fail("--tp ", o.tp.tp, " --serve: the tensor-parallel GPU target is not built yet (issue 14)");
+    fail("--tp ", o.tp.tp, " --serve: the engine load test runs one GPU target (over a tensor-parallel one it is not built)");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
@@ -109,15 +109,6 @@ int cmd_bench(const BenchOptions& o) {
   if (o.tp.tp > 1) tp = std::make_unique<DeepseekV3Tp>(ckpt, o.tp.tp);
   const Target& target = tp ? static_cast<const Target&>(*tp) : model;
   const ModelConfig& c = model.config();
-  auto forward = [&](LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, float* logits, ForwardStats* st) {
-    ForwardArgs a;
-    a.ids = ids;
-    a.n = n;
-    a.form = form;
-    a.logits = logits;
-    a.stats = st;
-    forward_cached(target, cache, a);
-  };
   const ModelStats stats = model_stats(c);
   log_info("measuring memory read bandwidth …");
   const double bw = measure_read_bandwidth();
@@ -130,14 +121,14 @@ int cmd_bench(const BenchOptions& o) {
     LatentCache cache = model.new_cache(o.n_prompt + o.n_gen + 1);
     ForwardStats st;
     double t0 = now_s();
-    forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, logits.data(), &st);
+    forward_cached(target, cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data(), &st);
     const double pp = (now_s() - t0) * 1e3;
     const uint64_t pp_bytes = st.weight_bytes;
     st = {};
     t0 = now_s();
     for (int64_t i = 0; i < o.n_gen; ++i) {
       int32_t tok = argmax(logits.data(), int32_t(c.vocab_size));
-      forward(cache, &tok, 1, AttnForm::absorbed, logits.data(), &st);
+      forward_cached(target, cache, &tok, 1, AttnForm::absorbed, false, logits.data(), &st);
     }
     const double tg = (now_s() - t0) * 1e3;
     if (rep == 0) continue;
@@ -167,7 +158,7 @@ int cmd_bench(const BenchOptions& o) {
       std::vector<float> vlogits(static_cast<size_t>(n * c.vocab_size));
       std::vector<double> runs;
       LatentCache cache = model.new_cache(o.n_prompt + n + 1);
-      forward(cache, prompt.data(), o.n_prompt, AttnForm::expanded, logits.data(), nullptr);
+      forward_cached(target, cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data());
       for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
         ForwardArgs a;
         a.ids = ids.data();

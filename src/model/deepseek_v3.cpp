@@ -476,6 +476,11 @@ void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, c
 
 void DeepseekV3::forward(LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
                          float* logits, ForwardStats* st) const {
+  forward_cached(*this, cache, ids, n, form, all_logits, logits, st);
+}
+
+void forward_cached(const Target& target, LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
+                    float* logits, ForwardStats* st) {
   ForwardArgs a;
   a.ids = ids;
   a.n = n;
@@ -483,7 +488,7 @@ void DeepseekV3::forward(LatentCache& cache, const int32_t* ids, int64_t n, Attn
   a.all_logits = all_logits;
   a.logits = logits;
   a.stats = st;
-  forward(cache, a);
+  forward_cached(target, cache, a);
 }
 
 void DeepseekV3::forward(LatentCache& cache, const ForwardArgs& a) const { forward_cached(*this, cache, a); }

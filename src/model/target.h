@@ -111,5 +111,8 @@ class LatentCache;
 // tensor-parallel form): makes the rows addressable, runs the forward, commits when args.commit.
 // Defined in model/deepseek_v3.cpp.
 void forward_cached(const Target& target, LatentCache& cache, const ForwardArgs& args);
+// The same for n causal tokens after the cache's rows, committed: logits [n or 1, vocab] (may be null).
+void forward_cached(const Target& target, LatentCache& cache, const int32_t* ids, int64_t n, AttnForm form, bool all_logits,
+                    float* logits, ForwardStats* stats = nullptr);
 
 }  // namespace kd

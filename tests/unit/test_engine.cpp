@@ -21,6 +21,7 @@
 #include "sample/rng.h"
 #include "sample/sampler.h"
 #include "engine_sink.h"
+#include "reference_ar.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
 
@@ -67,33 +68,7 @@ std::vector<Case> make_cases(const ModelConfig& c, int n) {
   return cs;
 }
 
-// The AR reference written out here, independent of the engine (generate_ar now runs through it):
-// the model's single-sequence forward over a LatentCache — the prompt in the CPU's prefill form
-// (expanded), one decode-form forward per token — and the token at position p drawn with
-// position_uniform(seed, seq_id, p), stopping at a stop id or the length limit.
-GenerateResult reference_ar(const DeepseekV3& m, const std::vector<int32_t>& prompt, const GenerateOptions& g) {
-  const GenerationLimits lim = check_generation(m.config(), prompt, g);
-  const int64_t V = m.config().vocab_size;
-  GenerateResult r;
-  r.finish_reason = "length";
-  if (lim.n_max == 0) return r;
-  LatentCache cache = m.new_cache(lim.n_prompt + lim.n_max);
-  std::vector<float> logits(static_cast<size_t>(V));
-  m.forward(cache, prompt.data(), lim.n_prompt, AttnForm::expanded, false, logits.data());
-  for (;;) {
-    const int64_t pos = cache.size();
-    const int32_t tok = sample(logits.data(), int32_t(V), g.sampling, position_uniform(g.sampling.seed, g.seq_id, uint64_t(pos)));
-    r.output_ids.push_back(tok);
-    if (g.keep_logits) r.logits.insert(r.logits.end(), logits.begin(), logits.end());
-    if (!g.ignore_eos && std::find(g.stop_ids.begin(), g.stop_ids.end(), tok) != g.stop_ids.end()) {
-      r.finish_reason = "stop";
-      break;
-    }
-    if (int64_t(r.output_ids.size()) >= lim.n_max) break;
-    m.forward(cache, &tok, 1, g.decode_form, false, logits.data());
-  }
-  return r;
-}
+using test::reference_ar;
 
 void expect_equal_to_ar(const DeepseekV3& m, const Case& cs, const Collected& got, const std::string& what) {
   const GenerateResult ar = reference_ar(m, cs.prompt, cs.gen);
