@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <exception>
 #include <set>
-#include <thread>
 
+#include "backend/cpu/host_comm.h"
 #include "backend/cuda/device_comm.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -27,7 +27,7 @@ void set_device(int32_t d) {
 CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices) : cfg_(ckpt.config()), devices_(devices) {
   const int32_t R = int32_t(devices.size());
   if (R < 2) fail("tensor parallel on GPUs: ", R, " rank (the tensor-parallel target needs R ≥ 2)");
-  plan_tp(cfg_, R);  // an R that does not divide the shapes, before anything is uploaded
+  const TpPlan plan = plan_tp(cfg_, R);  // an R that does not divide the shapes, before anything is uploaded
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess) n_dev = 0;
   for (int32_t d : devices)
@@ -39,7 +39,6 @@ CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& d
   {
     // The memory plan (model/tp_plan.h, as `inspect --tp R` prints it), checked on every GPU before
     // anything is uploaded: the ranks it holds, their weights and workspace, against its free memory.
-    const TpPlan plan = plan_tp(cfg_, R);
     const uint64_t workspace = tp_memory(cfg_, plan, 0).workspace_bytes;
     for (int32_t d : std::set<int32_t>(devices.begin(), devices.end())) {
       uint64_t need = 0;
@@ -66,11 +65,19 @@ CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& d
     const double gb = double(ranks_.back()->device_weight_bytes()) / 1e9, dt = now_s() - t0;
     log_info("TP rank ", r, "/", R, " on GPU ", devices[size_t(r)], ": ", gb, " GB of weights in ", dt, " s (", gb / dt, " GB/s)");
   }
-  if (!one_gpu) nccl_ = std::make_unique<NcclCommGroup>(devices);
   set_device(devices[0]);
+  if (one_gpu) {
+    shared_ = std::make_unique<SharedDeviceCommGroup>(R);
+  } else {
+    nccl_ = std::make_unique<NcclCommGroup>(devices);
+    nccl_threads_ = std::make_unique<HostRankThreads>(R);
+  }
 }
 
 CudaTpTarget::~CudaTpTarget() {
+  shared_.reset();
+  nccl_threads_.reset();
+  nccl_.reset();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     cudaSetDevice(devices_[r]);
     ranks_[r].reset();
@@ -109,22 +116,23 @@ void CudaTpTarget::init_kv(int64_t n_blocks, int64_t block_tokens) const {
 void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
   const int32_t R = ranks();
   std::vector<std::vector<SeqForward>> per(static_cast<size_t>(R), seqs);
-  am_ids_.assign(seqs.size(), {});
-  am_vals_.assign(seqs.size(), {});
+  // Each rank's argmax outputs of every sequence that asked ([seq][rank] ids / values).
+  std::vector<std::vector<std::vector<int32_t>>> am_ids(seqs.size());
+  std::vector<std::vector<std::vector<float>>> am_vals(seqs.size());
   for (size_t sq = 0; sq < seqs.size(); ++sq) {
     const ForwardArgs& a = seqs[sq].args;
     if (a.device_taps) fail("forward: the tensor-parallel GPU target brings taps to the host (it offers no device taps)");
     const int64_t k = a.all_logits ? a.n : 1;
     if (a.argmax_ids) {
-      am_ids_[sq].assign(size_t(R), std::vector<int32_t>(size_t(k)));
-      am_vals_[sq].assign(size_t(R), std::vector<float>(size_t(k)));
+      am_ids[sq].assign(size_t(R), std::vector<int32_t>(size_t(k)));
+      am_vals[sq].assign(size_t(R), std::vector<float>(size_t(k)));
     }
     for (int32_t r = 0; r < R; ++r) {
       ForwardArgs& b = per[size_t(r)][sq].args;
       if (r > 0) b.taps = nullptr, b.tap_layers = nullptr;  // the residual stream is replicated: rank 0's
       if (a.argmax_ids) {
-        b.argmax_ids = am_ids_[sq][size_t(r)].data();
-        b.argmax_vals = am_vals_[sq][size_t(r)].data();
+        b.argmax_ids = am_ids[sq][size_t(r)].data();
+        b.argmax_vals = am_vals[sq][size_t(r)].data();
       }
     }
   }
@@ -143,25 +151,13 @@ void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardSta
   };
   if (shared_device()) {
     set_device(devices_[0]);
-    run_device_ranks(R, [&](DeviceComm& comm, void*) { rank_forward(comm.rank(), comm); });
+    shared_->run([&](DeviceComm& comm) { rank_forward(comm.rank(), comm); });
   } else {
-    // One thread a rank (each NCCL rank's calls come from its own thread). A rank that fails before the
+    // A thread a rank (each NCCL rank's calls come from its own thread). A rank that fails before the
     // first collective fails on every rank alike (the checks are the same); NCCL has no way out of a
     // collective a peer never joins, so nothing after the first one may throw on one rank alone.
-    std::vector<std::exception_ptr> err(static_cast<size_t>(R));
-    std::vector<std::thread> th;
-    for (int32_t r = 0; r < R; ++r)
-      th.emplace_back([&, r] {
-        try {
-          rank_forward(r, nccl_->rank(r));
-        } catch (...) {
-          err[size_t(r)] = std::current_exception();
-        }
-      });
-    for (auto& t : th) t.join();
+    nccl_threads_->run([&](Comm& host) { rank_forward(host.rank(), nccl_->rank(host.rank())); });
     set_device(devices_[0]);
-    for (auto& e : err)
-      if (e) std::rethrow_exception(e);
   }
   // Argmax outputs: the ranks' (value, index) combined (combine_rank_argmax: sample()'s greedy choice).
   for (size_t sq = 0; sq < seqs.size(); ++sq) {
@@ -170,7 +166,7 @@ void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardSta
     const int64_t k = a.all_logits ? a.n : 1;
     std::vector<RankArgmax> of_rank(static_cast<size_t>(R));
     for (int64_t i = 0; i < k; ++i) {
-      for (int32_t q = 0; q < R; ++q) of_rank[size_t(q)] = {am_vals_[sq][size_t(q)][size_t(i)], am_ids_[sq][size_t(q)][size_t(i)]};
+      for (int32_t q = 0; q < R; ++q) of_rank[size_t(q)] = {am_vals[sq][size_t(q)][size_t(i)], am_ids[sq][size_t(q)][size_t(i)]};
       const RankArgmax best = combine_rank_argmax(of_rank.data(), R);
       a.argmax_ids[i] = best.idx;
       a.argmax_vals[i] = best.val;

@@ -23,6 +23,8 @@ namespace kd {
 
 class CudaTarget;
 class NcclCommGroup;
+class SharedDeviceCommGroup;
+class HostRankThreads;
 
 class CudaTpTarget final : public Target {
  public:
@@ -33,7 +35,7 @@ class CudaTpTarget final : public Target {
 
   int32_t ranks() const { return int32_t(ranks_.size()); }
   const CudaTarget& rank(int32_t r) const { return *ranks_[size_t(r)]; }
-  bool shared_device() const { return nccl_ == nullptr; }
+  bool shared_device() const { return shared_ != nullptr; }
 
   const ModelConfig& config() const override { return cfg_; }
   std::string device() const override;
@@ -54,10 +56,9 @@ class CudaTpTarget final : public Target {
   std::vector<int32_t> devices_;
   std::vector<int64_t> vocab_begin_;  // rank r's first lm_head row
   std::vector<std::unique_ptr<CudaTarget>> ranks_;
-  std::unique_ptr<NcclCommGroup> nccl_;
-  // Per forward: each rank's argmax outputs of every sequence that asked ([seq][rank] ids / values).
-  mutable std::vector<std::vector<std::vector<int32_t>>> am_ids_;
-  mutable std::vector<std::vector<std::vector<float>>> am_vals_;
+  std::unique_ptr<NcclCommGroup> nccl_;            // ranks on distinct GPUs …
+  std::unique_ptr<HostRankThreads> nccl_threads_;  // … each driven by a kept thread (rank 0: the caller)
+  std::unique_ptr<SharedDeviceCommGroup> shared_;  // ranks on one GPU (the emulation)
 };
 
 }  // namespace kd

@@ -10,6 +10,7 @@ namespace kd {
 DeepseekV3Tp::DeepseekV3Tp(const Checkpoint& ckpt, int32_t ranks) {
   if (ranks < 2) fail("tensor parallel: --tp ", ranks, " (the tensor-parallel target needs R ≥ 2; R = 1 is the plain target)");
   for (int32_t r = 0; r < ranks; ++r) ranks_.push_back(std::make_unique<DeepseekV3>(ckpt, TpRank{r, ranks}));
+  threads_ = std::make_unique<HostRankThreads>(ranks);
 }
 
 DeepseekV3Tp::~DeepseekV3Tp() = default;
@@ -18,7 +19,7 @@ std::string DeepseekV3Tp::device() const { return cat("cpu, tensor parallel over
 
 void DeepseekV3Tp::forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats) const {
   std::vector<ForwardStats> st(ranks_.size());
-  run_host_ranks(ranks(), [&](Comm& comm) {
+  threads_->run([&](Comm& comm) {
     const size_t r = size_t(comm.rank());
     ranks_[r]->forward_rank(seqs, comm, stats ? &st[r] : nullptr);
   });

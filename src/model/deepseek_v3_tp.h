@@ -20,6 +20,8 @@
 
 namespace kd {
 
+class HostRankThreads;
+
 class DeepseekV3Tp final : public Target {
  public:
   // Every rank's slice, read from the checkpoint's mmap (replicated tensors are views shared by all
@@ -43,13 +45,14 @@ class DeepseekV3Tp final : public Target {
   // Greedy rows can come back as argmax outputs: each rank's (value, index) over its vocabulary rows,
   // exchanged and combined as a multi-GPU target does; logits_row assembles a row from the ranks' slices.
   bool device_argmax() const override { return true; }
-  // One forward on every rank (R threads, one host communicator); stats sum the ranks' bytes.
+  // One forward on every rank (the kept rank threads, one host communicator); stats sum the ranks' bytes.
   void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const override;
   void logits_row(int64_t seq, int64_t row, float* out) const override;
   void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;
 
  private:
   std::vector<std::unique_ptr<DeepseekV3>> ranks_;
+  std::unique_ptr<HostRankThreads> threads_;  // rank r's forward runs on thread r (rank 0: the caller's)
 };
 
 }  // namespace kd

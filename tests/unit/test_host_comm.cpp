@@ -201,3 +201,36 @@ TEST(HostComm, GroupOfZeroRanksIsRefused) { EXPECT_THROW(HostCommGroup(0), Error
 
 }  // namespace
 }  // namespace kd
+
+namespace kd {
+namespace {
+
+// The kept rank threads of a tensor-parallel target: run after run on the same threads, a run whose
+// rank throws fails with that rank's error and leaves the threads usable for the next run.
+TEST(HostComm, KeptRankThreadsServeRunAfterRunAndSurviveAFailure) {
+  HostRankThreads threads(4);
+  for (int run = 0; run < 50; ++run) {
+    std::vector<float> got(4);
+    threads.run([&](Comm& c) {
+      float v = float(c.rank() + run);
+      c.all_reduce_sum(&v, 1, 1);
+      got[size_t(c.rank())] = v;
+    });
+    for (float v : got) ASSERT_EQ(v, float(4 * run + 6)) << "run " << run;
+    if (run % 10 == 3) {
+      try {
+        threads.run([&](Comm& c) {
+          if (c.rank() == 2) fail("rank 2 stops");
+          float v = 1;
+          c.all_reduce_sum(&v, 1, 1);
+        });
+        FAIL() << "a rank threw and run returned";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 2 stops"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kd

@@ -1,6 +1,7 @@
 #include "backend/cpu/host_comm.h"
 
 #include <barrier>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -169,31 +170,94 @@ void HostCommGroup::leave(int32_t r, const std::string& why) {
   impl_->leave(r, why);
 }
 
-void run_host_ranks(int32_t ranks, const std::function<void(Comm&)>& fn) {
-  HostCommGroup group(ranks);
+struct HostRankThreads::Impl {
+  int32_t R = 1;
   std::mutex mu;
+  std::condition_variable work, done;
+  uint64_t generation = 0;  // bumped by each run
+  bool stop = false;
+  const std::function<void(Comm&)>* job = nullptr;
+  HostCommGroup* group = nullptr;
+  int32_t pending = 0;  // kept threads still running this generation
   std::exception_ptr first;
   std::vector<std::thread> threads;
-  threads.reserve(size_t(ranks));
-  for (int32_t r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      std::string why = "returned";
-      try {
-        fn(group.rank(r));
-      } catch (const std::exception& e) {
-        why = cat("threw: ", e.what());
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      } catch (...) {
-        why = "threw";
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-      group.leave(r, why);
-    });
+
+  // Rank r's share of a run; a rank that returns or throws leaves the group (host_comm.h).
+  void run_rank(int32_t r) {
+    std::string why = "returned";
+    try {
+      (*job)(group->rank(r));
+    } catch (const std::exception& e) {
+      why = cat("threw: ", e.what());
+      std::lock_guard lock(mu);
+      if (!first) first = std::current_exception();
+    } catch (...) {
+      why = "threw";
+      std::lock_guard lock(mu);
+      if (!first) first = std::current_exception();
+    }
+    group->leave(r, why);
   }
-  for (auto& t : threads) t.join();
+  void worker(int32_t r) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mu);
+        work.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+      }
+      run_rank(r);
+      std::lock_guard lock(mu);
+      if (--pending == 0) done.notify_one();
+    }
+  }
+};
+
+HostRankThreads::HostRankThreads(int32_t ranks) : impl_(std::make_unique<Impl>()) {
+  if (ranks < 1) fail("host ranks: ", ranks, " (at least 1)");
+  impl_->R = ranks;
+  for (int32_t r = 1; r < ranks; ++r) impl_->threads.emplace_back([this, r] { impl_->worker(r); });
+}
+
+HostRankThreads::~HostRankThreads() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->work.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+int32_t HostRankThreads::size() const { return impl_->R; }
+
+void HostRankThreads::run(const std::function<void(Comm&)>& fn) {
+  Impl& m = *impl_;
+  HostCommGroup group(m.R);
+  {
+    std::lock_guard lock(m.mu);
+    m.job = &fn;
+    m.group = &group;
+    m.first = nullptr;
+    m.pending = m.R - 1;
+    ++m.generation;
+  }
+  m.work.notify_all();
+  m.run_rank(0);
+  std::exception_ptr first;
+  {
+    std::unique_lock lock(m.mu);
+    m.done.wait(lock, [&] { return m.pending == 0; });
+    first = m.first;
+    m.job = nullptr;
+    m.group = nullptr;
+  }
   if (first) std::rethrow_exception(first);
+}
+
+void run_host_ranks(int32_t ranks, const std::function<void(Comm&)>& fn) {
+  HostRankThreads threads(ranks);
+  threads.run(fn);
 }
 
 }  // namespace kd

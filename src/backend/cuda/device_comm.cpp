@@ -93,37 +93,54 @@ class SharedDeviceComm final : public DeviceComm {
 
 }  // namespace
 
-void run_device_ranks(int32_t ranks, const std::function<void(DeviceComm&, void* stream)>& fn) {
-  if (ranks < 1 || ranks > cuda::kMaxRanks) fail("device ranks: ", ranks, " (1 … ", cuda::kMaxRanks, ")");
+struct SharedDeviceCommGroup::Impl {
   int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  std::vector<cudaEvent_t> pub(static_cast<size_t>(ranks)), done(static_cast<size_t>(ranks));
+  std::unique_ptr<HostRankThreads> threads;  // rank 0 runs on the caller's thread
+  std::vector<cudaEvent_t> pub, done;  // [ranks]: rank r's "partials ready" and "sums enqueued"
+};
+
+SharedDeviceCommGroup::SharedDeviceCommGroup(int32_t ranks) : impl_(std::make_unique<Impl>()) {
+  if (ranks < 1 || ranks > cuda::kMaxRanks) fail("device ranks: ", ranks, " (1 … ", cuda::kMaxRanks, ")");
+  check(cudaGetDevice(&impl_->device), "cudaGetDevice");
+  impl_->pub.resize(size_t(ranks));
+  impl_->done.resize(size_t(ranks));
   for (int32_t r = 0; r < ranks; ++r) {
-    check(cudaEventCreateWithFlags(&pub[size_t(r)], cudaEventDisableTiming), "event");
-    check(cudaEventCreateWithFlags(&done[size_t(r)], cudaEventDisableTiming), "event");
+    check(cudaEventCreateWithFlags(&impl_->pub[size_t(r)], cudaEventDisableTiming), "event");
+    check(cudaEventCreateWithFlags(&impl_->done[size_t(r)], cudaEventDisableTiming), "event");
   }
-  std::exception_ptr err;
-  try {
-    run_host_ranks(ranks, [&](Comm& host) {
-      check(cudaSetDevice(device), "cudaSetDevice");
-      cudaStream_t s = nullptr;
-      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-      SharedDeviceComm comm(host, pub, done);
-      std::exception_ptr e;
-      try {
-        fn(comm, s);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      cudaStreamSynchronize(s);
-      cudaStreamDestroy(s);
-      if (e) std::rethrow_exception(e);
-    });
-  } catch (...) {
-    err = std::current_exception();
-  }
-  for (int32_t r = 0; r < ranks; ++r) cudaEventDestroy(pub[size_t(r)]), cudaEventDestroy(done[size_t(r)]);
-  if (err) std::rethrow_exception(err);
+  impl_->threads = std::make_unique<HostRankThreads>(ranks);
+}
+
+SharedDeviceCommGroup::~SharedDeviceCommGroup() {
+  impl_->threads.reset();
+  for (size_t r = 0; r < impl_->pub.size(); ++r) cudaEventDestroy(impl_->pub[r]), cudaEventDestroy(impl_->done[r]);
+}
+
+int32_t SharedDeviceCommGroup::size() const { return int32_t(impl_->pub.size()); }
+
+void SharedDeviceCommGroup::run(const std::function<void(DeviceComm&)>& fn) {
+  impl_->threads->run([&](Comm& host) {
+    check(cudaSetDevice(impl_->device), "cudaSetDevice");
+    SharedDeviceComm comm(host, impl_->pub, impl_->done);
+    fn(comm);
+  });
+}
+
+void run_device_ranks(int32_t ranks, const std::function<void(DeviceComm&, void* stream)>& fn) {
+  SharedDeviceCommGroup group(ranks);
+  group.run([&](DeviceComm& comm) {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    std::exception_ptr e;
+    try {
+      fn(comm, s);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    if (e) std::rethrow_exception(e);
+  });
 }
 
 #ifdef KDTREE_HAVE_NCCL

@@ -36,8 +36,26 @@ class DeviceComm {
   virtual void all_gather(const void* send, size_t n_bytes, void* recv, void* stream) = 0;
 };
 
-// R ranks on the current device. run_device_ranks runs fn on R threads, rank r's thread with its
-// communicator and a stream of its own (synchronised before fn returns); the first exception is rethrown.
+// R ranks on the current device, its events made once (a tensor-parallel target holds one for its
+// life). run(fn) runs fn once on every rank — rank 0 on the caller's thread, the others on kept threads
+// (HostRankThreads) — each with its communicator, and rethrows the first exception;
+// a rank that fails leaves the group, so the others' pending calls fail rather than wait.
+class SharedDeviceCommGroup {
+ public:
+  explicit SharedDeviceCommGroup(int32_t ranks);
+  ~SharedDeviceCommGroup();
+  SharedDeviceCommGroup(const SharedDeviceCommGroup&) = delete;
+  SharedDeviceCommGroup& operator=(const SharedDeviceCommGroup&) = delete;
+  int32_t size() const;
+  void run(const std::function<void(DeviceComm&)>& fn);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A group of `ranks` for one run, each rank's thread with a stream of its own (synchronised before fn
+// returns): the tests' and the bench's form.
 void run_device_ranks(int32_t ranks, const std::function<void(DeviceComm&, void* stream)>& fn);
 
 // NCCL over the GPUs `devices` of this host, rank r on devices[r]. Use rank(r) from one thread per rank
