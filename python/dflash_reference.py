@@ -15,8 +15,10 @@ vocab 512, 3 layers; its embed_tokens and lm_head are the drafter's):
                  (rope_scaling null, theta 1e6), rms_norm_eps 1e-6; context 13 then 3 tokens.
   dflash-yarn/   2 layers, block 8, 4 Q / 2 KV heads, head_dim 32, taps [0, 1, 2], the target's
                  YaRN (factor 64, beta 32/1, mscale = mscale_all_dim = 1, theta 50000) with no
-                 attention_factor in config.json, so the legacy 1 + 0.1 ln 64 applies (SPEC §5);
-                 rms_norm_eps 1e-5; context 200 then 5 tokens.
+                 attention_factor in config.json, so transformers' rule gives the cos/sin amplitude
+                 get_mscale(64, 1) / get_mscale(64, 1) = 1.0 (SPEC §5, corrected 2026-12-01: the
+                 legacy 1 + 0.1 ln 64 is only a sensitivity check here); rms_norm_eps 1e-5;
+                 context 200 then 5 tokens.
 
   Each holds config.json + model.safetensors (the published DFlashDraftModel layout, bf16),
   golden.safetensors and golden.json (versions, seeds, SPEC facts relied on, checks):
@@ -27,7 +29,12 @@ vocab 512, 3 layers; its embed_tokens and lm_head are the drafter's):
     block2  I32 [B]
     logits2 F32 [B-1, 512]       block2 at positions T1+T2..
     rope_inv_freq F32 [head_dim/2]      transformers' Qwen3RotaryEmbedding inv_freq (YaRN ramp included)
-    rope_attention_factor F64 [1]       its cos/sin amplitude with the legacy factor made explicit
+    rope_attention_factor F64 [1]       its cos/sin amplitude (transformers' attention_scaling)
+  dflash-yarn/golden_legacy.safetensors: logits1/logits2 and rope_attention_factor with the legacy
+    1 + 0.1 ln 64 forced as attention_factor (what kdtree's --draft-yarn-legacy-mscale must give)
+
+The goldens of an independent second implementation -- z-lab's `dflash` package itself -- come from
+python/dflash_package_golden.py (package_golden.safetensors next to these).
 
 HOW TO RE-RUN (CPU, deterministic; torch, transformers, safetensors, numpy as for make_fixtures.py):
 
@@ -82,8 +89,10 @@ SPEC_FACTS = [
     "layers.i.mlp.{gate,up,down}_proj.weight; config architectures [DFlashDraftModel], model_type qwen3, block_size, "
     "num_target_layers, dflash_config{mask_token_id, target_layer_ids}",
     "SPEC §5: RoPE over the full head in neox half-split style; YaRN theta 50000, factor 64, beta 32/1, "
-    "mscale = mscale_all_dim = 1, original_max 4096; the checkpoint expects the legacy attention factor 1 + 0.1 ln 64 "
-    "(transformers' mscale ratio gives 1.0); mask_token_id = vocab - 2 (163838)",
+    "mscale = mscale_all_dim = 1, original_max 4096; the cos/sin attention factor follows the reference (z-lab "
+    "DFlashDraftModel through transformers' Qwen3RotaryEmbedding): attention_factor, else get_mscale(f, mscale) / "
+    "get_mscale(f, mscale_all_dim) when both are given, else the legacy 1 + 0.1 ln f (1.0 for this config); "
+    "mask_token_id = vocab - 2 (163838)",
 ]
 
 # Read in z-lab/dflash dflash/model.py (commit 10129599) to confirm the SPEC; no code taken from it.
@@ -108,9 +117,10 @@ def rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope_tables(cfg, positions, dtype, legacy=True):
+def rope_tables(cfg, positions, dtype, legacy=False):
     """cos/sin [len(positions), head_dim] via transformers' Qwen3RotaryEmbedding (the module the
-    published drafter runs), with the legacy YaRN amplitude made explicit as attention_factor."""
+    published drafter runs), with its own YaRN amplitude rule; legacy=True forces the legacy
+    1 + 0.1 ln(factor) as attention_factor (a sensitivity check, and kdtree's --draft-yarn-legacy-mscale)."""
     rs = cfg["rope_scaling"]
     params = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
     if rs is not None:
@@ -144,7 +154,7 @@ def apply_rope(x, cos, sin, style="neox"):
 class Drafter:
     """DFlash drafter state for one sequence: weights, the target's embed/lm_head, the K/V cache."""
 
-    def __init__(self, cfg, weights, embed, lm_head, dtype=torch.float32, causal=False, rope_style="neox", legacy=True):
+    def __init__(self, cfg, weights, embed, lm_head, dtype=torch.float32, causal=False, rope_style="neox", legacy=False):
         self.cfg, self.dtype = cfg, dtype
         self.w = {k: v.to(dtype) for k, v in weights.items()}
         self.embed, self.lm_head = embed.to(dtype), lm_head.to(dtype)
@@ -277,7 +287,7 @@ def make_fixture(name, spec, target_dir, out_dir):
     # Sensitivity: plausible mistakes must move the logits far beyond the test tolerance (1e-4).
     wrong = {"causal_block": run(causal=True), "interleaved_rope": run(rope_style="gptj")}
     if cfg["rope_scaling"] is not None:
-        wrong["yarn_attention_factor_1"] = run(legacy=False)
+        wrong["yarn_legacy_attention_factor"] = run(legacy=True)
     _, _, factor, inv_freq = rope_tables(cfg, [0], torch.float32)
 
     os.makedirs(out_dir, exist_ok=True)
@@ -328,8 +338,14 @@ def make_fixture(name, spec, target_dir, out_dir):
                           "allows 1e-4, two orders below every sensitivity_rel_diff entry",
     }
     if cfg["rope_scaling"] is not None:
-        _, _, hf_factor, _ = rope_tables(cfg, [0], torch.float32, legacy=False)
-        info["rope"]["transformers_factor_without_attention_factor"] = hf_factor
+        _, _, legacy_factor, _ = rope_tables(cfg, [0], torch.float32, legacy=True)
+        info["rope"]["legacy_factor_not_used"] = legacy_factor
+        # The legacy goldens, for kdtree's --draft-yarn-legacy-mscale (golden_legacy.safetensors).
+        ll1, ll2 = wrong["yarn_legacy_attention_factor"]
+        save_file({"logits1": ll1.contiguous(), "logits2": ll2.contiguous(),
+                   "rope_attention_factor": torch.tensor([legacy_factor], dtype=torch.float64)},
+                  os.path.join(out_dir, "golden_legacy.safetensors"), metadata={"format": "pt"})
+        os.chmod(os.path.join(out_dir, "golden_legacy.safetensors"), 0o644)
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
         f.write(json.dumps(info, indent=2) + "\n")
     return info

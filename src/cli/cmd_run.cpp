@@ -59,6 +59,7 @@ void add_run(CLI::App& app, RunOptions& o) {
                 "Drafter for --spec ddtree/dflash: a DFlash checkpoint directory, or synthetic:PROFILE — a stand-in that "
                 "knows the target's continuation (it runs AR first) and ranks the true token r-th with the given "
                 "probabilities, e.g. synthetic:0.7,0.2 or synthetic:oracle; for measurement only");
+  add_draft_yarn_flag(c, o.draft_yarn_legacy_mscale);
   c->add_option("--budget", o.budget,
                 cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ", kMaxTreeBudget,
                     ": verify memory and time grow with budget², and gains flatten long before)"))
@@ -115,11 +116,13 @@ int cmd_run(const RunOptions& o) {
     fail("--spec ", o.spec, " needs --draft DIR (a DFlash drafter) or --draft synthetic:PROFILE (e.g. synthetic:oracle)");
   if (!spec && !o.draft.empty()) fail("--draft only applies to --spec ddtree or dflash");
   if (o.budget != 0 && o.spec != "ddtree") fail("--budget only applies to --spec ddtree");
+  const bool synthetic = spec && o.draft.rfind("synthetic:", 0) == 0;
+  if (o.draft_yarn_legacy_mscale && (!spec || synthetic))
+    fail("--draft-yarn-legacy-mscale only applies to a DFlash drafter (--spec ddtree/dflash --draft DIR)");
   if (o.budget < 0) fail("--budget must be at least 1 (got ", o.budget, ")");
   if (o.budget > kMaxTreeBudget)
     fail("--budget ", o.budget, " is more than ", kMaxTreeBudget, " tree nodes: verify memory and time grow with budget² "
          "(the tree's ancestor mask and attention rows), and acceptance stops improving long before; try 16–256");
-  const bool synthetic = spec && o.draft.rfind("synthetic:", 0) == 0;
   if (o.block_size != 0 && !spec) fail("--block-size only applies to --spec ddtree or dflash");
   if (o.block_size != 0 && !synthetic) {
     // A DFlash drafter was trained for one block size: refuse a different one rather than ignore it.
@@ -190,7 +193,9 @@ int cmd_run(const RunOptions& o) {
   if (spec && o.draft.rfind(kSynthetic, 0) != 0) {
     // DFlash: on the GPU beside a GPU target, fed from its taps on the device.
     const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : cfg.max_position_embeddings;
-    drafter = lt.dflash_drafters(o.draft, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1)).first;
+    DFlashLoadOptions dopt;
+    dopt.yarn_legacy_mscale = o.draft_yarn_legacy_mscale;
+    drafter = lt.dflash_drafters(o.draft, std::min<int64_t>(ctx, int64_t(prompt.size()) + o.n_predict + 1), dopt).first;
   }
   auto run_ar = [&](const GenerateOptions& go, const std::function<void(int32_t)>& cb) { return generate_ar(target, prompt, go, cb); };
   const double load_ms = (now_s() - t0) * 1e3;

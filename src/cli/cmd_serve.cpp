@@ -33,6 +33,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
                 "advance and only work with `kdtree run`");
   c->add_option("--spec", o.spec, "With --draft: ddtree (tree, default) or dflash (the drafter's top-1 chain)")
       ->check(CLI::IsMember({"ddtree", "dflash"}));
+  add_draft_yarn_flag(c, o.draft_yarn_legacy_mscale);
   c->add_option("--budget", o.budget, cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ",
                                           kMaxTreeBudget, ": verify memory and time grow with budget²)"))
       ->transform(whole_number(o.budget))
@@ -116,6 +117,7 @@ int cmd_serve(const ServeOptions& o) {
     fail("--draft ", o.draft, ": a synthetic drafter must know each answer in advance, which a server cannot; "
                              "use a DFlash drafter directory (or `kdtree run --draft synthetic:...`)");
   if (o.draft.empty() && (!o.spec.empty() || o.budget > 0)) fail("--spec and --budget need --draft DIR");
+  if (o.draft.empty() && o.draft_yarn_legacy_mscale) fail("--draft-yarn-legacy-mscale needs --draft DIR (a DFlash drafter)");
   if (o.spec == "dflash" && o.budget > 0) fail("--budget only applies to --spec ddtree");
   if (!std::filesystem::is_directory(o.model)) fail(o.model, ": not a directory (expected a checkpoint directory)");
   // A bad --tp fails here, not after the port opens (the checkpoint itself is read by the loader).
@@ -187,7 +189,9 @@ int cmd_serve(const ServeOptions& o) {
       eo.prefix_cache = !o.no_prefix_cache;
       if (!o.draft.empty()) {
         // One drafter per running sequence; on the GPU beside a GPU target (its context K/V there).
-        LoadedTarget::Drafters d = lt->dflash_drafters(o.draft, std::min(eo.context, target.max_context()));
+        DFlashLoadOptions dopt;
+        dopt.yarn_legacy_mscale = o.draft_yarn_legacy_mscale;
+        LoadedTarget::Drafters d = lt->dflash_drafters(o.draft, std::min(eo.context, target.max_context()), dopt);
         eo.make_drafter = std::move(d.make);
         eo.spec.chain = o.spec == "dflash";
         eo.spec.budget = o.budget > 0 ? o.budget : d.first->block_size() - 1;

@@ -28,6 +28,7 @@ struct RunOptions {
   int32_t top_k = 0;
   uint64_t seed = 0;
   bool ignore_eos = false, json = false;
+  bool draft_yarn_legacy_mscale = false;  // DFlashLoadOptions::yarn_legacy_mscale
   TpFlags tp;
 };
 void add_run(CLI::App& app, RunOptions& o);
@@ -91,6 +92,7 @@ struct ServeOptions {
   int64_t shutdown_grace_s = 5;
   int threads_http = 0, max_connections = 1024;
   bool no_prefix_cache = false;
+  bool draft_yarn_legacy_mscale = false;  // DFlashLoadOptions::yarn_legacy_mscale
   TpFlags tp;
 };
 void add_serve(CLI::App& app, ServeOptions& o);

@@ -26,6 +26,14 @@ bool use_cuda(const std::string& device) {
   return cuda;
 }
 
+void add_draft_yarn_flag(CLI::App* c, bool& legacy) {
+  c->add_flag("--draft-yarn-legacy-mscale", legacy,
+              "A YaRN DFlash drafter scales RoPE's cos/sin by the legacy 0.1·ln(factor) + 1 (SGLang's and vLLM's generic "
+              "YaRN) instead of the reference rule of z-lab's DFlashDraftModel (transformers: rope_scaling.attention_factor, "
+              "else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim), 1.0 for Kimi-K2.5-DFlash). Only for "
+              "a drafter trained with the legacy value; refused when config.json gives attention_factor");
+}
+
 void add_tp_flags(CLI::App* c, TpFlags& f) {
   c->add_option("--tp,--tensor-parallel", f.tp,
                 "Tensor-parallel ranks R (default 1): attention heads, every MLP's intermediate dimension and the "
@@ -95,10 +103,14 @@ const Target& LoadedTarget::target() const {
   return gpu_ ? *gpu_ : static_cast<const Target&>(*model_);
 }
 
-LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int64_t max_tokens) const {
+LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int64_t max_tokens,
+                                                     const DFlashLoadOptions& options) const {
   // The directory is read once (DFlashDrafter::load validates it against the target); on the GPU its
   // weights are uploaded once too, and each sequence's drafter holds only its context.
-  std::shared_ptr<const DFlashDrafter> host = DFlashDrafter::load(dir, model_->config());
+  std::shared_ptr<const DFlashDrafter> host = DFlashDrafter::load(dir, model_->config(), options);
+  if (const DFlashConfig& c = host->config(); c.rope.yarn)
+    log_info("drafter YaRN: factor ", c.rope.factor, ", cos/sin amplitude ", c.rope_attention_factor, " (",
+             yarn_factor_rule_name(c.rope_attention_factor_rule), ")");
   std::function<std::unique_ptr<Drafter>()> make;
 #ifdef KDTREE_HAVE_CUDA
   if (gpu_) {

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
+#include "model/dflash.h"
 #include "model/drafter.h"
 #include "model/target.h"
 
@@ -24,6 +25,8 @@ bool use_cuda(const std::string& device);
 
 // Tensor parallelism as run, serve, bench and ppl take it (TpFlags, cli/commands.h).
 void add_tp_flags(CLI::App* c, TpFlags& f);
+// --draft-yarn-legacy-mscale, as run and serve take it (DFlashLoadOptions::yarn_legacy_mscale).
+void add_draft_yarn_flag(CLI::App* c, bool& legacy);
 // Checks --tp / --devices against the device and the model's shapes (plan_tp: an R that does not divide
 // them is refused naming the dimension and the valid R) before any weight is read.
 void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c);
@@ -48,7 +51,7 @@ class LoadedTarget {
     std::function<std::unique_ptr<Drafter>()> make;
     std::unique_ptr<Drafter> first;
   };
-  Drafters dflash_drafters(const std::string& dir, int64_t max_tokens) const;
+  Drafters dflash_drafters(const std::string& dir, int64_t max_tokens, const DFlashLoadOptions& options = {}) const;
 
  private:
   std::unique_ptr<Checkpoint> ckpt_;

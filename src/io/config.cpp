@@ -79,6 +79,11 @@ bool QuantConfig::is_quantized(const std::string& module) const {
   return true;
 }
 
+namespace {
+// yarn_get_mscale of DeepSeek-V3's and transformers' YaRN.
+double get_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+}  // namespace
+
 double ModelConfig::softmax_scale() const {
   double s = 1.0 / std::sqrt(double(qk_head_dim()));
   if (rope.yarn && rope.mscale_all_dim != 0 && rope.factor > 1) {
@@ -90,11 +95,25 @@ double ModelConfig::softmax_scale() const {
 
 double ModelConfig::rope_attention_scaling() const {
   if (!rope.yarn) return 1.0;
-  auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
   if (rope.mscale != 0 && rope.mscale_all_dim != 0)
     return get_mscale(rope.factor, rope.mscale) / get_mscale(rope.factor, rope.mscale_all_dim);
   return get_mscale(rope.factor, 1.0);
 }
+
+bool yarn_mscale_ratio_applies(const RopeScaling& r) {
+  // transformers tests `if mscale and mscale_all_dim`: absent and 0 both fall through to the legacy form.
+  return r.yarn && !r.attention_factor && r.mscale_given && r.mscale_all_dim_given && r.mscale != 0 && r.mscale_all_dim != 0;
+}
+
+double yarn_attention_factor(const RopeScaling& r) {
+  if (!r.yarn) return 1.0;
+  if (r.attention_factor) return *r.attention_factor;
+  if (yarn_mscale_ratio_applies(r))
+    return get_mscale(r.factor, r.mscale) / get_mscale(r.factor, r.mscale_all_dim);
+  return get_mscale(r.factor, 1.0);
+}
+
+double yarn_legacy_attention_factor(const RopeScaling& r) { return r.yarn ? get_mscale(r.factor, 1.0) : 1.0; }
 
 std::vector<float> ModelConfig::rope_inv_freq() const {
   const int64_t dim = qk_rope_head_dim, half = dim / 2;
@@ -151,6 +170,8 @@ RopeParams parse_rope(const json& config, const std::string& label) {
     s.beta_slow = y.number("beta_slow", 1e-6, 1e6, 1.0);
     s.mscale = y.number("mscale", 0.0, 1e3, 1.0);
     s.mscale_all_dim = y.number("mscale_all_dim", 0.0, 1e3, 0.0);
+    s.mscale_given = y.get("mscale") != nullptr;
+    s.mscale_all_dim_given = y.get("mscale_all_dim") != nullptr;
     s.original_max_position_embeddings = y.integer("original_max_position_embeddings", 1, int64_t(1) << 30);
     if (const json* tr = y.get("truncate"); tr && *tr != true) fail(label, ": ", key, ".truncate = false is not supported");
     if (y.get("attention_factor")) s.attention_factor = y.number("attention_factor", 1e-6, 1e3);

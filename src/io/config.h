@@ -17,9 +17,25 @@ struct RopeScaling {
   double factor = 1.0;
   double beta_fast = 32.0, beta_slow = 1.0;
   double mscale = 1.0, mscale_all_dim = 0.0;
+  // Whether config.json gave mscale / mscale_all_dim (the defaults above stand in otherwise):
+  // transformers' generic YaRN rule tells "absent" from any value (yarn_attention_factor).
+  bool mscale_given = false, mscale_all_dim_given = false;
   int64_t original_max_position_embeddings = 4096;
   std::optional<double> attention_factor;  // rope_scaling.attention_factor, when config.json gives one
 };
+
+// YaRN's cos/sin amplitude by transformers' generic rule (modeling_rope_utils
+// _compute_yarn_parameters, which z-lab's DFlashDraftModel runs through Qwen3RotaryEmbedding;
+// SPEC-DDTREE.md §5): attention_factor when given; else, when mscale and mscale_all_dim are both
+// given and non-zero, get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim); else
+// get_mscale(factor) — with get_mscale(f, m) = 0.1·m·ln f + 1, and 1 for f ≤ 1. 1.0 without YaRN.
+// (The target's own rule is ModelConfig::rope_attention_scaling, which refuses attention_factor.)
+double yarn_attention_factor(const RopeScaling& r);
+// Whether that rule takes the mscale ratio: no attention_factor, mscale and mscale_all_dim given, non-zero.
+bool yarn_mscale_ratio_applies(const RopeScaling& r);
+// The legacy amplitude get_mscale(factor) = 0.1·ln(factor) + 1 that ignores mscale/mscale_all_dim
+// (SGLang's and vLLM's generic YaRN rotary); 1.0 without YaRN.
+double yarn_legacy_attention_factor(const RopeScaling& r);
 
 // A config's RoPE: rope_theta and YaRN. The one parse of rope_scaling, for the target (config.json,
 // or its text_config) and the DFlash drafter alike. Reads rope_scaling (transformers 4), else

@@ -29,6 +29,10 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
   JsonFields r{root, label};
   {
     const json* a = r.get("architectures");
+    if (a && a->is_array() && !a->empty() && (*a)[0] == "DFlash2DraftModel")
+      fail(label, ": architectures is [\"DFlash2DraftModel\"]: DFlash2 drafters (grouped dynamic convolutions, "
+                  "conv_kernel_size / conv_group_size, and a candidate selector, selector_rank / selector_top_k) are not "
+                  "supported; kdtree runs DFlashDraftModel checkpoints");
     if (!a || !a->is_array() || a->empty() || (*a)[0] != "DFlashDraftModel")
       fail(label, ": architectures is ", a ? json_excerpt(*a) : "missing", ", expected [\"DFlashDraftModel\"]");
   }
@@ -54,35 +58,54 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
     fail(label, ": hidden_act \"", s, "\" is not supported (only silu)");
   if (const json* b = r.get("attention_bias"); b && *b != false) fail(label, ": attention_bias = ", json_excerpt(*b), " is not supported");
 
-  // rope_theta and YaRN: the target's parse (io/config.h), plus the drafter's own amplitude rule.
+  // rope_theta and YaRN: the target's parse (io/config.h); the amplitude by transformers' generic
+  // rule, which the reference drafter runs (not the target's).
   {
     const RopeParams rope = parse_rope(root, label);
     c.rope_theta = rope.theta;
     c.rope = rope.scaling;
-    if (c.rope.yarn && c.rope.attention_factor) {
-      c.rope_attention_factor = *c.rope.attention_factor;
-      c.rope_attention_factor_explicit = true;
-    } else if (c.rope.yarn) {
-      c.rope_attention_factor = c.rope.factor <= 1 ? 1.0 : 1.0 + 0.1 * std::log(c.rope.factor);
-    }
+    c.rope_attention_factor = yarn_attention_factor(c.rope);
+    c.rope_attention_factor_rule = !c.rope.yarn                   ? YarnFactorRule::none
+                                   : c.rope.attention_factor      ? YarnFactorRule::attention_factor
+                                   : yarn_mscale_ratio_applies(c.rope) ? YarnFactorRule::mscale_ratio
+                                                                  : YarnFactorRule::legacy;
   }
 
-  // Variants of z-lab's model code this drafter does not implement.
+  for (const char* rk : {"rope_scaling", "rope_parameters"})
+    if (const json* rp = r.get(rk); rp && rp->is_object() && rp->contains("partial_rotary_factor"))
+      if (JsonFields{*rp, cat(label, ": ", rk)}.number("partial_rotary_factor", 0.0, 1.0, 1.0) != 1.0)
+        fail(label, ": ", rk, ".partial_rotary_factor ≠ 1 is not supported (the drafter rotates the whole head)");
+  if (r.get("partial_rotary_factor") && r.number("partial_rotary_factor", 0.0, 1.0) != 1.0)
+    fail(label, ": partial_rotary_factor ≠ 1 is not supported (the drafter rotates the whole head)");
+
+  // Attention variants of z-lab's model code this drafter does not implement: a layer is causal when
+  // is_causal says so, else when it is a sliding_attention layer (with a window when sliding_window
+  // is set). Without layer_types, transformers' Qwen3Config makes layers ≥ max_window_layers
+  // sliding when use_sliding_window and sliding_window are set.
   if (const json* lt = r.get("layer_types")) {
     if (!lt->is_array()) fail(label, ": layer_types must be a list");
     for (const auto& t : *lt)
       if (t != "full_attention")
-        fail(label, ": layer_types holds ", json_excerpt(t), "; only \"full_attention\" (non-causal) drafter layers are supported");
+        fail(label, ": layer_types holds ", json_excerpt(t), "; only \"full_attention\" (non-causal) drafter layers are "
+             "supported (sliding_attention layers attend causally within a window)");
+  } else if (r.boolean_or("use_sliding_window", false) && r.get("sliding_window")) {
+    const int64_t from = r.integer("max_window_layers", 0, 1 << 20, 28);  // transformers' Qwen3 default
+    if (from < c.num_hidden_layers)
+      fail(label, ": use_sliding_window = true with sliding_window = ", json_excerpt(*r.get("sliding_window")),
+           " makes layers ", from, "+ sliding_attention (max_window_layers = ", from, "); only full_attention "
+           "(non-causal) drafter layers are supported");
   }
   if (const json* ic = r.get("is_causal"); ic && *ic != false) fail(label, ": is_causal = ", json_excerpt(*ic), " is not supported (DFlash blocks are non-causal)");
   const json* dc = r.get("dflash_config");
   if (dc && !dc->is_object()) fail(label, ": dflash_config is not an object");
   const json empty = json::object();
   JsonFields d{dc ? *dc : empty, label, &root};
-  for (const char* key : {"input_embedding_scale", "output_multiplier"})
-    if (d.get(key) && d.number(key, -1e9, 1e9) != 1.0) fail(label, ": ", key, " ≠ 1 is not supported");
-  if (d.get("final_logit_softcapping") && d.number("final_logit_softcapping", -1e9, 1e9) > 0)
-    fail(label, ": final_logit_softcapping is not supported");
+  c.input_embedding_scale = d.number("input_embedding_scale", -1e6, 1e6, 1.0);
+  c.output_multiplier = d.number("output_multiplier", -1e6, 1e6, 1.0);
+  // z-lab applies it when > 0 (0, negative or null: off).
+  c.final_logit_softcapping = std::max(0.0, d.number("final_logit_softcapping", -1e9, 1e9, 0.0));
+  if (c.final_logit_softcapping > 0 && c.final_logit_softcapping < 1e-6)
+    fail(label, ": final_logit_softcapping = ", c.final_logit_softcapping, " is too small to divide by (logits / c)");
 
   c.block_size = d.integer("block_size", 0, std::numeric_limits<int64_t>::max(), 16);  // z-lab's default
   if (c.block_size < 2)
@@ -92,15 +115,25 @@ DFlashConfig parse_impl(const std::string& text, const std::string& label) {
          "; published DFlash drafters use 16)");
   c.mask_token_id = int32_t(d.integer("mask_token_id", 0, c.vocab_size - 1));
   c.num_target_layers = d.integer("num_target_layers", 1, 1024, 0);
-  const json* ids = d.get("target_layer_ids");
-  if (!ids) fail(label, ": missing dflash_config.target_layer_ids (the target layers whose outputs the drafter reads)");
-  if (!ids->is_array() || ids->empty() || ids->size() > 1024)
-    fail(label, ": dflash_config.target_layer_ids must be a non-empty list of layer indices, found ", json_excerpt(*ids));
-  const int64_t hi = c.num_target_layers > 0 ? c.num_target_layers - 1 : 1023;
-  for (const auto& v : *ids) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > hi)
-      fail(label, ": dflash_config.target_layer_ids holds ", json_excerpt(v), ", not a layer index in [0, ", hi, "]");
-    c.target_layer_ids.push_back(v.get<int64_t>());
+  if (const json* ids = d.get("target_layer_ids")) {
+    if (!ids->is_array() || ids->empty() || ids->size() > 1024)
+      fail(label, ": dflash_config.target_layer_ids must be a non-empty list of layer indices, found ", json_excerpt(*ids));
+    const int64_t hi = c.num_target_layers > 0 ? c.num_target_layers - 1 : 1023;
+    for (const auto& v : *ids) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > hi)
+        fail(label, ": dflash_config.target_layer_ids holds ", json_excerpt(v), ", not a layer index in [0, ", hi, "]");
+      c.target_layer_ids.push_back(v.get<int64_t>());
+    }
+  } else {
+    // z-lab's build_target_layer_ids(num_target_layers, num_hidden_layers).
+    const int64_t N = c.num_target_layers, k = c.num_hidden_layers;
+    if (N == 0)
+      fail(label, ": missing dflash_config.target_layer_ids (the target layers whose outputs the drafter reads), and "
+                  "no num_target_layers to derive them from");
+    if (k > N || (k > 1 && N < k + 3))
+      fail(label, ": dflash_config.target_layer_ids is missing and z-lab's default for ", k, " drafter layers over ",
+           N, " target layers does not give distinct layers; give target_layer_ids");
+    c.target_layer_ids = default_target_layer_ids(N, k);
   }
   if (c.n_taps() * c.hidden_size > (int64_t(1) << 24))
     fail(label, ": ", c.n_taps(), " taps × hidden_size ", c.hidden_size, " is too wide for fc");
@@ -178,18 +211,43 @@ void check_fits_target(const DFlashConfig& c, const ModelConfig& target, const s
 
 DFlashDrafter::~DFlashDrafter() = default;
 
+const char* yarn_factor_rule_name(YarnFactorRule r) {
+  switch (r) {
+    case YarnFactorRule::none: return "none";
+    case YarnFactorRule::attention_factor: return "attention_factor";
+    case YarnFactorRule::mscale_ratio: return "mscale_ratio";
+    case YarnFactorRule::legacy: return "legacy";
+    case YarnFactorRule::legacy_option: return "legacy_option";
+  }
+  return "?";
+}
+
+void apply_load_options(DFlashConfig& c, const DFlashLoadOptions& o, const std::string& label) {
+  if (o.yarn_legacy_mscale) {
+    if (!c.rope.yarn) fail("--draft-yarn-legacy-mscale: ", label, " has no YaRN rope_scaling (the flag would change nothing)");
+    if (c.rope.attention_factor)
+      fail("--draft-yarn-legacy-mscale: ", label, " gives rope_scaling.attention_factor = ", *c.rope.attention_factor,
+           ", which the drafter uses as written; drop the flag");
+    c.rope_attention_factor = yarn_legacy_attention_factor(c.rope);
+    c.rope_attention_factor_rule = YarnFactorRule::legacy_option;
+  }
+}
+
 DFlashConfig load_dflash_config(const std::string& dir) {
   if (std::error_code ec; !fs::is_directory(dir, ec)) fail(dir, ": not a directory (expected a DFlash drafter checkpoint directory)");
   const std::string cpath = dir + "/config.json";
   return parse_dflash_config(read_text(cpath, " (is this a DFlash drafter directory?)"), cpath);
 }
 
-std::shared_ptr<const DFlashDrafter> DFlashDrafter::load(const std::string& dir, const ModelConfig& target) {
-  return std::make_shared<const DFlashDrafter>(dir, target);
+std::shared_ptr<const DFlashDrafter> DFlashDrafter::load(const std::string& dir, const ModelConfig& target,
+                                                         const DFlashLoadOptions& options) {
+  return std::make_shared<const DFlashDrafter>(dir, target, options);
 }
 
-DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target) : dir_(dir) {
+DFlashDrafter::DFlashDrafter(const std::string& dir, const ModelConfig& target, const DFlashLoadOptions& options)
+    : dir_(dir) {
   cfg_ = load_dflash_config(dir);
+  apply_load_options(cfg_, options, dir + "/config.json");
   const DFlashConfig& c = cfg_;
   check_fits_target(c, target, dir + "/config.json");
 
@@ -314,6 +372,8 @@ void DFlashDrafter::draft(const Context& ctx, const int32_t* block_ids, const We
   std::vector<float> q(static_cast<size_t>(B * qd)), kb(static_cast<size_t>(B * kvd)), vb(static_cast<size_t>(B * kvd));
   std::vector<float> attn(static_cast<size_t>(B * qd)), g(static_cast<size_t>(B * I)), u(static_cast<size_t>(B * I));
   cpu::embed(embed, block_ids, B, x.data());  // the mask rows are the target's (frozen) embedding rows
+  if (c.input_embedding_scale != 1.0)
+    for (float& e : x) e *= float(c.input_embedding_scale);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     cpu::rmsnorm(x.data(), w.attn_norm.data(), B, H, c.rms_norm_eps, xn.data());
@@ -359,6 +419,13 @@ void DFlashDrafter::draft(const Context& ctx, const int32_t* block_ids, const We
   // Position 0 (the bonus token) predicts nothing new: logits for positions 1..B−1 only.
   cpu::rmsnorm(x.data() + H, final_norm_.data(), B - 1, H, c.rms_norm_eps, xn.data());
   cpu::linear(lm_head, xn.data(), B - 1, logits);
+  // z-lab's compute_logits, in its fp32 order: × output_multiplier, then c·tanh(logits / c).
+  const int64_t n = (B - 1) * V;
+  const float mul = float(c.output_multiplier), cap = float(c.final_logit_softcapping);
+  if (mul != 1.0f)
+    for (int64_t i = 0; i < n; ++i) logits[i] *= mul;
+  if (cap > 0)
+    for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / cap) * cap;
 }
 
 }  // namespace kd

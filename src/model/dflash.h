@@ -19,6 +19,24 @@ namespace kd {
 // so a hostile 4096 turned 4 tokens into a minute. Published DFlash drafters use 16.
 inline constexpr int64_t kMaxDFlashBlockSize = 64;
 
+// Where DFlashConfig::rope_attention_factor came from.
+enum class YarnFactorRule {
+  none,              // no YaRN: 1.0
+  attention_factor,  // rope_scaling.attention_factor, as config.json gives it
+  mscale_ratio,      // get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+  legacy,            // 0.1·ln(factor) + 1: mscale or mscale_all_dim absent (or 0), transformers' fallback
+  legacy_option,     // 0.1·ln(factor) + 1 by DFlashLoadOptions::yarn_legacy_mscale
+};
+const char* yarn_factor_rule_name(YarnFactorRule r);
+
+// How a drafter is loaded beyond what its config.json says (the CLI's flags).
+struct DFlashLoadOptions {
+  // --draft-yarn-legacy-mscale: YaRN's cos/sin amplitude 0.1·ln(factor) + 1 instead of the reference
+  // rule's inferred value, for a checkpoint trained by a runtime that used the legacy value (SGLang's
+  // and vLLM's generic YaRN). Refused when config.json gives attention_factor or has no YaRN.
+  bool yarn_legacy_mscale = false;
+};
+
 // config.json of a published DFlash drafter (architectures ["DFlashDraftModel"], model_type qwen3).
 struct DFlashConfig {
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
@@ -26,18 +44,22 @@ struct DFlashConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope;  // yarn = false: plain RoPE; the YaRN fields as in the target's config
-  // YaRN's cos/sin amplitude. rope_scaling.attention_factor when given; otherwise the legacy
-  // 1 + 0.1·ln(factor), which ignores mscale/mscale_all_dim: Kimi-K2.5-DFlash was trained with it
-  // (vLLM ≤ 0.29 plain YaRN), while transformers' mscale ratio gives 1.0 for its mscale =
-  // mscale_all_dim = 1 and lowers acceptance (SPEC-DDTREE.md §5). 1.0 without YaRN.
+  // YaRN's cos/sin amplitude: the reference drafter's rule, yarn_attention_factor (io/config.h:
+  // attention_factor > mscale ratio > 0.1·ln(factor) + 1; SPEC-DDTREE.md §5). 1.0 for Kimi-K2.5-
+  // DFlash's mscale = mscale_all_dim = 1. DFlashLoadOptions::yarn_legacy_mscale replaces an inferred
+  // value with the legacy 0.1·ln(factor) + 1. 1.0 without YaRN.
   double rope_attention_factor = 1.0;
-  bool rope_attention_factor_explicit = false;  // attention_factor was in config.json
+  YarnFactorRule rope_attention_factor_rule = YarnFactorRule::none;
   int64_t block_size = 16;                      // B: the bonus token plus B−1 drafted positions
   int32_t mask_token_id = 0;                    // dflash_config.mask_token_id
   std::vector<int64_t> target_layer_ids;        // dflash_config.target_layer_ids: 0-based taps
   int64_t num_target_layers = 0;                // 0 when config.json omits it
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
+  // z-lab's dflash_config knobs (dflash_config, else the top level, as its _draft_value reads them):
+  double input_embedding_scale = 1.0;    // block embeddings × this before the first layer
+  double output_multiplier = 1.0;        // logits × this
+  double final_logit_softcapping = 0.0;  // > 0: logits ← c·tanh(logits / c) after the multiplier
 
   int64_t n_taps() const { return int64_t(target_layer_ids.size()); }
   int64_t q_dim() const { return num_attention_heads * head_dim; }
@@ -46,8 +68,11 @@ struct DFlashConfig {
 };
 
 // Parses config.json text; `label` names the file in errors. Every field is range-checked and
-// anything this drafter does not implement (sliding-window layers, DFlash2, logit softcapping,
-// embedding or output multipliers ≠ 1, attention bias) is refused by name.
+// anything this drafter does not implement (causal or sliding-window layers — layer_types, or
+// use_sliding_window's derived ones —, is_causal true, DFlash2DraftModel's convolutions and
+// candidate selector, partial rotary, attention bias, another hidden_act) is refused by name.
+// target_layer_ids may be absent: z-lab's default for num_hidden_layers drafter layers over
+// num_target_layers (default_target_layer_ids), where that formula gives distinct layers.
 DFlashConfig parse_dflash_config(const std::string& json_text, const std::string& label);
 
 // The default taps of a drafter with k context features for an N-layer target ([ZL]
@@ -59,6 +84,8 @@ std::vector<int64_t> default_target_layer_ids(int64_t n_target_layers, int64_t k
 // DIR/config.json parsed as parse_dflash_config does; errors name the file ("not a directory",
 // "cannot open (is this a DFlash drafter directory?)", or the field). Reads no weights.
 DFlashConfig load_dflash_config(const std::string& dir);
+// Applies `o` to a parsed config (`label` names its file in errors).
+void apply_load_options(DFlashConfig& c, const DFlashLoadOptions& o, const std::string& label);
 
 // Refuses a drafter config that cannot serve `target` (hidden size, vocabulary, mask id, taps),
 // naming `label` (the drafter's config.json) and the field. Reads no weights. `warn`: also log a
@@ -78,9 +105,10 @@ class DFlashDrafter {
   // Each failure is a kd::Error naming the file and field/tensor. The drafter owns its mmaps. (It
   // takes a directory rather than a Checkpoint because Checkpoint parses config.json as a
   // DeepSeek-V3 config, which a Qwen3-style drafter config is not.)
-  DFlashDrafter(const std::string& dir, const ModelConfig& target);
+  DFlashDrafter(const std::string& dir, const ModelConfig& target, const DFlashLoadOptions& options = {});
   // The same, shared: what a caller that builds several per-sequence drafters loads once.
-  static std::shared_ptr<const DFlashDrafter> load(const std::string& dir, const ModelConfig& target);
+  static std::shared_ptr<const DFlashDrafter> load(const std::string& dir, const ModelConfig& target,
+                                                   const DFlashLoadOptions& options = {});
   ~DFlashDrafter();
   DFlashDrafter(const DFlashDrafter&) = delete;
   DFlashDrafter& operator=(const DFlashDrafter&) = delete;

@@ -298,6 +298,7 @@ void CudaDFlash::Impl::block_forward(int32_t bonus, int64_t start) {
   // ids = [bonus, mask × (B − 1)]: the mask rows were written once at load.
   check(cudaMemcpyAsync(m.ids, &bonus, 4, cudaMemcpyHostToDevice, s), "upload bonus");
   cuda::embed(m.t.embed, H, m.ids, B, m.x, s);
+  if (c.input_embedding_scale != 1.0) cuda::scale_softcap(m.x, B * H, float(c.input_embedding_scale), 0.0f, s);
   const float scale = float(1.0 / std::sqrt(double(hd)));
   for (DraftLayer& w : m.layers) {
     cuda::rmsnorm(m.x, H, w.attn_norm, B, H, c.rms_norm_eps, m.xn, H, s);
@@ -319,6 +320,9 @@ void CudaDFlash::Impl::block_forward(int32_t bonus, int64_t start) {
   // Position 0 (the bonus token) predicts nothing new: logits for positions 1 … B − 1 only.
   cuda::rmsnorm(m.x + H, H, m.final_norm, B - 1, H, c.rms_norm_eps, m.xn, H, s);
   cuda::linear(m.t.lm_head, m.xn, H, B - 1, m.logits, V, Epilogue::store, s);
+  // As DFlashDrafter::draft: × output_multiplier, then c·tanh(logits / c).
+  if (c.output_multiplier != 1.0 || c.final_logit_softcapping > 0)
+    cuda::scale_softcap(m.logits, (B - 1) * V, float(c.output_multiplier), float(c.final_logit_softcapping), s);
 }
 
 }  // namespace kd

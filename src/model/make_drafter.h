@@ -18,7 +18,8 @@ namespace kd {
 //   and leaves at least 4 heads (fewer only when hidden < 8), hidden/head_dim Q heads, KV heads a
 //   quarter of those from 8 heads up (Qwen3-8B-DFlash: 32/8) and half below, intermediate 3·hidden;
 // - rope_theta, max_position_embeddings, rms_norm_eps and the YaRN rope_scaling (when the target has
-//   one) copied from the target; the drafter then uses the legacy YaRN amplitude (dflash.h).
+//   one) copied from the target, mscale and mscale_all_dim written out, so the drafter's YaRN
+//   amplitude is their ratio (dflash.h; 1.0 for the K2 preset's 1 and 1).
 // Every tensor is bf16 and depends only on (seed, its name). Reloads the result as a check.
 void make_drafter(const std::string& target_dir, const std::string& out_dir, uint64_t seed, int32_t num_layers,
                   int32_t block_size, bool force);

@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,46 @@ TEST_P(GpuDFlashGolden, LogitsMatchCpuDrafterAcrossTwoRounds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDFlashGolden, ::testing::Values("dflash-rope", "dflash-yarn"));
+
+// The dflash_config knobs (input_embedding_scale, output_multiplier, final_logit_softcapping) and an
+// explicit YaRN attention_factor on the GPU: against the CPU drafter, which tests/unit/test_dflash.cpp
+// checks knob by knob against z-lab's package (package_golden.safetensors).
+TEST(GpuDFlashKnobs, ScalesAndSoftcapMatchTheCpuDrafter) {
+  REQUIRE_GPU();
+  const fs::path dir = fs::temp_directory_path() / cat("kdtree-gpu-knobs-", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture("dflash-yarn") + "/model.safetensors", dir / "model.safetensors");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(fixture("dflash-yarn") + "/config.json"));
+  j["dflash_config"]["input_embedding_scale"] = 1.7;
+  j["dflash_config"]["output_multiplier"] = 0.6;
+  j["dflash_config"]["final_logit_softcapping"] = 4.0;
+  j["rope_scaling"]["attention_factor"] = 1.25;
+  std::ofstream(dir / "config.json") << j.dump(2);
+  Checkpoint ck(fixture("k2-bf16"));
+  DeepseekV3 model(ck);
+  CudaTarget t(model, 64);
+  CudaDFlash g(dir.string(), t, 4096);
+  DFlashDrafter d(dir.string(), model.config());
+  ASSERT_EQ(d.config().final_logit_softcapping, 4.0);
+  DFlashDrafter::Context ctx = d.new_context(4096);
+  SafetensorsFile golden(fixture("dflash-yarn") + "/golden.safetensors");
+  const int64_t F = d.config().n_taps() * d.config().hidden_size, V = d.config().vocab_size;
+  for (const char* round : {"1", "2"}) {
+    const auto taps = test::read_tensor<float>(golden, cat("taps", round));
+    const auto block = test::read_tensor<int32_t>(golden, cat("block", round));
+    const int64_t n = int64_t(taps.size()) / F;
+    d.append_context(ctx, taps.data(), n);
+    g.append_context(taps.data(), n);
+    std::vector<float> got(static_cast<size_t>((d.config().block_size - 1) * V));
+    g.draft(block[0], g.context_len(), got.data());
+    const double e = rel_err(got, cpu_draft(d, ctx, block[0], model));
+    std::printf("  knobs round %s: GPU vs CPU drafter %.2e\n", round, e);
+    EXPECT_LE(e, 1e-4) << "round " << round;
+    for (float x : got) ASSERT_LE(std::fabs(x), 4.0f);  // the softcap bounds every logit
+  }
+  fs::remove_all(dir);
+}
 
 // A deeper made drafter (3 layers, block 8, GQA): the context fed from device taps through a row
 // list (a DDTree path) equals the CPU drafter fed those rows from the host.

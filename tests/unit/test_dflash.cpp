@@ -1,12 +1,15 @@
 // The DFlash drafter (SPEC-DDTREE.md §1, §5): logits match python/dflash_reference.py's goldens
-// over two rounds of the context cache, the cache is row-invariant, and a drafter that does not fit
-// its target is refused with an error naming the file and field.
+// and those of z-lab's `dflash` package itself (python/dflash_package_golden.py: DFlashDraftModel
+// loaded from the fixture, with config variants for the YaRN amplitude rule and the dflash_config
+// knobs) over two rounds of the context cache, the cache is row-invariant, and a drafter that does
+// not fit its target, or uses a variant kdtree does not implement, is refused naming the field.
 //
 // Tolerance: max |Δ| / max |ref| ≤ 1e-4 per logits tensor. Both sides run fp32 on the same bf16
 // weights and differ only in summation order: the reference moves by ≤ 5e-7 when rerun in fp64
 // (golden.json "fp64_rerun_rel_diff"). The mistakes this test exists to catch move the logits by
-// 3e-2 (a causal block) to 0.5 (interleaved RoPE), and 0.27 for a YaRN amplitude of 1.0 instead of
-// the legacy 1 + 0.1 ln 64 (golden.json "sensitivity_rel_diff"): 1e-4 sits between the two.
+// 3e-2 (a causal block) to 0.5 (interleaved RoPE), and 0.32 for the legacy YaRN amplitude
+// 1 + 0.1 ln 64 instead of the reference's 1.0 (golden.json "sensitivity_rel_diff"): 1e-4 sits
+// between the two.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -133,8 +136,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DFlashParity, ::testing::Values("dflash-rope"
 TEST(DFlash, ConfigFactsFromTheSpec) {
   const auto yarn = parse_dflash_config(read_text(fixture("dflash-yarn/config.json")), "dflash-yarn");
   EXPECT_TRUE(yarn.rope.yarn);
-  EXPECT_FALSE(yarn.rope_attention_factor_explicit);
-  EXPECT_NEAR(yarn.rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);  // legacy, SPEC §5
+  // SPEC §5 (corrected): transformers' rule, get_mscale(64, 1) / get_mscale(64, 1).
+  EXPECT_EQ(yarn.rope_attention_factor_rule, YarnFactorRule::mscale_ratio);
+  EXPECT_EQ(yarn.rope_attention_factor, 1.0);
   EXPECT_EQ(yarn.mask_token_id, 510);
   EXPECT_EQ(yarn.target_layer_ids, (std::vector<int64_t>{0, 1, 2}));
   // transformers 5's rope_parameters spelling, with an explicit attention_factor, reads the same.
@@ -146,7 +150,7 @@ TEST(DFlash, ConfigFactsFromTheSpec) {
   j.erase("rope_theta");
   j["rope_parameters"] = rp;
   const auto v5 = parse_dflash_config(j.dump(), "v5");
-  EXPECT_TRUE(v5.rope.yarn && v5.rope_attention_factor_explicit);
+  EXPECT_TRUE(v5.rope.yarn && v5.rope_attention_factor_rule == YarnFactorRule::attention_factor);
   EXPECT_EQ(v5.rope_attention_factor, 1.25);
   EXPECT_EQ(v5.rope_theta, 50000.0);
   EXPECT_EQ(v5.rope_inv_freq(), yarn.rope_inv_freq());
@@ -161,12 +165,12 @@ TEST(DFlash, ConfigFactsFromTheSpec) {
 // A copy of a fixture drafter in a temp dir with its config.json edited.
 struct TempDrafter {
   std::string dir;
-  TempDrafter(const std::string& name, const std::function<void(json&)>& edit) {
+  TempDrafter(const std::string& name, const std::function<void(json&)>& edit, const std::string& from = "dflash-yarn") {
     dir = (fs::temp_directory_path() / cat("kdtree_test_", ::getpid(), "_", name)).string();
     fs::remove_all(dir);
     fs::create_directories(dir);
-    fs::copy_file(fixture("dflash-yarn/model.safetensors"), dir + "/model.safetensors");
-    std::ifstream in(fixture("dflash-yarn/config.json"));
+    fs::copy_file(fixture(from + "/model.safetensors"), dir + "/model.safetensors");
+    std::ifstream in(fixture(from + "/config.json"));
     json j = json::parse(in);
     edit(j);
     std::ofstream(dir + "/config.json") << j.dump(2);
@@ -289,8 +293,9 @@ TEST(DFlash, MakeDrafterWritesALoadableDeterministicDrafter) {
   EXPECT_EQ(c.block_size, 8);
   EXPECT_EQ(c.num_key_value_heads * 2, c.num_attention_heads);
   EXPECT_EQ(c.hidden_size % c.head_dim, 0);
-  EXPECT_TRUE(c.rope.yarn);  // the target's YaRN, with the legacy amplitude
-  EXPECT_NEAR(c.rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);
+  EXPECT_TRUE(c.rope.yarn);  // the target's YaRN, mscale and mscale_all_dim 1 written out: amplitude 1
+  EXPECT_EQ(c.rope_attention_factor_rule, YarnFactorRule::mscale_ratio);
+  EXPECT_EQ(c.rope_attention_factor, 1.0);
   std::vector<float> taps(static_cast<size_t>(5 * c.n_taps() * c.hidden_size));
   for (size_t i = 0; i < taps.size(); ++i) taps[i] = float(std::sin(double(i)));
   DFlashDrafter::Context ctx = d.new_context(64);
@@ -302,6 +307,175 @@ TEST(DFlash, MakeDrafterWritesALoadableDeterministicDrafter) {
   fs::remove_all(b);
 }
 
+// The dotted-key patch of python/dflash_package_golden.py: {"set": {"a.b": v}, "unset": ["a.c"]}.
+void apply_patch(json& j, const json& patch) {
+  auto walk = [&](const std::string& key, bool create) -> std::pair<json*, std::string> {
+    json* node = &j;
+    size_t i = 0;
+    for (size_t dot; (dot = key.find('.', i)) != std::string::npos; i = dot + 1) {
+      const std::string part = key.substr(i, dot - i);
+      if (!node->contains(part) && create) (*node)[part] = json::object();
+      node = &(*node)[part];
+    }
+    return {node, key.substr(i)};
+  };
+  const json set = patch.value("set", json::object()), unset = patch.value("unset", json::array());
+  for (const auto& [key, value] : set.items()) {
+    auto [node, last] = walk(key, true);
+    (*node)[last] = value;
+  }
+  for (const auto& key : unset) {
+    auto [node, last] = walk(key.get<std::string>(), false);
+    node->erase(last);
+  }
+}
+
+// Two rounds (taps1/block1, then taps2/block2) of the fixture's inputs through `d`.
+std::pair<std::vector<float>, std::vector<float>> two_rounds(const DFlashDrafter& d, SafetensorsFile& inputs) {
+  const int64_t F = d.config().n_taps() * d.config().hidden_size;
+  DFlashDrafter::Context ctx = d.new_context(4096);
+  std::vector<float> out[2];
+  for (int r = 0; r < 2; ++r) {
+    const auto taps = read_tensor<float>(inputs, cat("taps", r + 1));
+    d.append_context(ctx, taps.data(), int64_t(taps.size()) / F);
+    out[r] = draft(d, ctx, read_tensor<int32_t>(inputs, cat("block", r + 1)));
+  }
+  return {out[0], out[1]};
+}
+
+TEST(DFlashPackage, EveryConfigVariantMatchesTheDflashPackage) {
+  // The goldens of z-lab's DFlashDraftModel itself (package_golden.json names the versions): the
+  // fixture as made (YaRN amplitude 1.0 by transformers' mscale ratio), an explicit
+  // attention_factor, another mscale ratio, an absent mscale (transformers' legacy fallback), the
+  // dflash_config knobs in dflash_config and at the top level, and derived target_layer_ids.
+  int checked = 0;
+  for (const char* name : {"dflash-rope", "dflash-yarn"}) {
+    const json meta = json::parse(read_text(fixture(cat(name, "/package_golden.json"))));
+    SafetensorsFile inputs(fixture(cat(name, "/golden.safetensors")));
+    SafetensorsFile golden(fixture(cat(name, "/package_golden.safetensors")));
+    for (const auto& [variant, v] : meta.at("variants").items()) {
+      SCOPED_TRACE(cat(name, " / ", variant));
+      TempDrafter t(cat("pkg_", variant), [&](json& j) { apply_patch(j, v); }, name);
+      DFlashDrafter d(t.dir, target().config());
+      EXPECT_NEAR(d.config().rope_attention_factor, read_tensor<double>(golden, variant + ".attention_scaling")[0], 1e-12);
+      EXPECT_EQ(d.config().target_layer_ids, v.at("target_layer_ids").get<std::vector<int64_t>>());
+      const auto [l1, l2] = two_rounds(d, inputs);
+      const double e1 = rel_err(l1, read_tensor<float>(golden, variant + ".logits1"));
+      const double e2 = rel_err(l2, read_tensor<float>(golden, variant + ".logits2"));
+      std::printf("  %s / %s: max|d|/max|ref| = %.2e, %.2e\n", name, variant.c_str(), e1, e2);
+      EXPECT_LE(e1, 1e-4);
+      EXPECT_LE(e2, 1e-4);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 11);  // every variant the script made
+}
+
+TEST(DFlashPackage, LegacyMscaleOptionGivesTheLegacyAmplitude) {
+  // --draft-yarn-legacy-mscale: 1 + 0.1 ln 64 (golden_legacy.safetensors: dflash_reference.py with it
+  // forced as attention_factor), refused where it would change nothing or override config.json.
+  SafetensorsFile inputs(fixture("dflash-yarn/golden.safetensors"));
+  SafetensorsFile legacy(fixture("dflash-yarn/golden_legacy.safetensors"));
+  DFlashLoadOptions o;
+  o.yarn_legacy_mscale = true;
+  DFlashDrafter d(fixture("dflash-yarn"), target().config(), o);
+  EXPECT_EQ(d.config().rope_attention_factor_rule, YarnFactorRule::legacy_option);
+  EXPECT_NEAR(d.config().rope_attention_factor, read_tensor<double>(legacy, "rope_attention_factor")[0], 1e-12);
+  EXPECT_NEAR(d.config().rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);
+  const auto [l1, l2] = two_rounds(d, inputs);
+  EXPECT_LE(rel_err(l1, read_tensor<float>(legacy, "logits1")), 1e-4);
+  EXPECT_LE(rel_err(l2, read_tensor<float>(legacy, "logits2")), 1e-4);
+  auto error = [&](const std::string& dir) {
+    try {
+      DFlashDrafter x(dir, target().config(), o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_PRED2(has, error(fixture("dflash-rope")), "dflash-rope/config.json has no YaRN rope_scaling");
+  TempDrafter af("legacy_af", [](json& j) { j["rope_scaling"]["attention_factor"] = 1.25; });
+  EXPECT_PRED2(has, error(af.dir), "gives rope_scaling.attention_factor = 1.25, which the drafter uses as written");
+}
+
+// Every config field z-lab's dflash/model.py (0.1.0) reads, at a non-default value: what kdtree
+// supports parses to that value (its logits are checked against the package above); what it does
+// not is refused naming the field and the value.
+TEST(DFlashPackage, ConfigKnobsAreSupportedOrRefusedByName) {
+  const json base = json::parse(read_text(fixture("dflash-yarn/config.json")));
+  struct Row {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* error;  // nullptr: accepted
+    std::function<void(const DFlashConfig&)> check;
+  };
+  const std::vector<Row> rows = {
+      {"input_embedding_scale", [](json& j) { j["dflash_config"]["input_embedding_scale"] = 1.7; }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.input_embedding_scale, 1.7); }},
+      {"output_multiplier at top level", [](json& j) { j["output_multiplier"] = 0.5; }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.output_multiplier, 0.5); }},
+      {"dflash_config wins over the top level",
+       [](json& j) { j["output_multiplier"] = 0.5; j["dflash_config"]["output_multiplier"] = 2.0; }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.output_multiplier, 2.0); }},
+      {"final_logit_softcapping", [](json& j) { j["dflash_config"]["final_logit_softcapping"] = 30.0; }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.final_logit_softcapping, 30.0); }},
+      {"final_logit_softcapping null (off)", [](json& j) { j["final_logit_softcapping"] = nullptr; }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.final_logit_softcapping, 0.0); }},
+      {"final_logit_softcapping ≤ 0 (off, as `softcap > 0`)", [](json& j) { j["final_logit_softcapping"] = -3.0; },
+       nullptr, [](const DFlashConfig& c) { EXPECT_EQ(c.final_logit_softcapping, 0.0); }},
+      {"block_size in dflash_config", [](json& j) { j.erase("block_size"); j["dflash_config"]["block_size"] = 4; },
+       nullptr, [](const DFlashConfig& c) { EXPECT_EQ(c.block_size, 4); }},
+      {"mask_token_id at top level",
+       [](json& j) { j["dflash_config"].erase("mask_token_id"); j["mask_token_id"] = 7; }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.mask_token_id, 7); }},
+      {"target_layer_ids derived", [](json& j) { j["num_hidden_layers"] = 2; j["num_target_layers"] = 61;
+                                                 j["dflash_config"].erase("target_layer_ids"); }, nullptr,
+       [](const DFlashConfig& c) { EXPECT_EQ(c.target_layer_ids, (std::vector<int64_t>{1, 58})); }},
+      {"is_causal false", [](json& j) { j["is_causal"] = false; }, nullptr, [](const DFlashConfig&) {}},
+      {"use_sliding_window below max_window_layers",
+       [](json& j) { j.erase("layer_types"); j["use_sliding_window"] = true; j["sliding_window"] = 64; }, nullptr,
+       [](const DFlashConfig&) {}},
+      {"target_layer_ids not derivable", [](json& j) { j["dflash_config"].erase("target_layer_ids"); },
+       "target_layer_ids is missing and z-lab's default for 2 drafter layers over 3 target layers does not give "
+       "distinct layers", nullptr},
+      {"DFlash2DraftModel", [](json& j) { j["architectures"] = {"DFlash2DraftModel"}; j["conv_kernel_size"] = 4; },
+       "DFlash2 drafters (grouped dynamic convolutions, conv_kernel_size / conv_group_size, and a candidate selector",
+       nullptr},
+      {"sliding_attention layer", [](json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; },
+       "layer_types holds \"sliding_attention\"", nullptr},
+      {"use_sliding_window derived layers",
+       [](json& j) { j.erase("layer_types"); j["use_sliding_window"] = true; j["sliding_window"] = 64;
+                     j["max_window_layers"] = 1; },
+       "use_sliding_window = true with sliding_window = 64 makes layers 1+ sliding_attention", nullptr},
+      {"is_causal true", [](json& j) { j["is_causal"] = true; }, "is_causal = true is not supported", nullptr},
+      {"partial_rotary_factor", [](json& j) { j["rope_scaling"]["partial_rotary_factor"] = 0.5; },
+       "rope_scaling.partial_rotary_factor ≠ 1 is not supported", nullptr},
+      {"attention_bias", [](json& j) { j["attention_bias"] = true; }, "attention_bias = true is not supported", nullptr},
+      {"hidden_act", [](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act \"gelu\" is not supported", nullptr},
+      {"input_embedding_scale not a number", [](json& j) { j["dflash_config"]["input_embedding_scale"] = "big"; },
+       "field 'input_embedding_scale' must be a number, found \"big\"", nullptr},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.what);
+    json j = base;
+    r.edit(j);
+    try {
+      const DFlashConfig c = parse_dflash_config(j.dump(), "knob/config.json");
+      if (r.error)
+        ADD_FAILURE() << "accepted; expected: " << r.error;
+      else
+        r.check(c);
+    } catch (const Error& e) {
+      if (!r.error)
+        ADD_FAILURE() << "refused: " << e.what();
+      else {
+        EXPECT_PRED2(has, std::string(e.what()), "knob/config.json: ");
+        EXPECT_PRED2(has, std::string(e.what()), r.error);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kd
 
@@ -309,7 +483,7 @@ namespace kd {
 namespace {
 
 // z-lab/Kimi-K2.5-DFlash's published shape (SPEC-DDTREE.md §5) against Kimi K2.5's own config:
-// it must parse, carry the legacy YaRN factor, and fit the target; a wrong hidden size, vocab or
+// it must parse, carry the reference's YaRN factor (1.0), and fit the target; a wrong hidden size, vocab or
 // tap is refused by name. (No weights: the real drafter is 6.5 GB.)
 TEST(DFlash, KimiK25DrafterShapeFitsTheK2Target) {
   const ModelConfig k2 = parse_model_config(preset_config_json("k2"), "k2");
@@ -328,7 +502,7 @@ TEST(DFlash, KimiK25DrafterShapeFitsTheK2Target) {
   EXPECT_EQ(c.block_size, 8);
   EXPECT_EQ(c.n_taps(), 6);
   EXPECT_EQ(c.mask_token_id, 163838);
-  EXPECT_NEAR(c.rope_attention_factor, 1.0 + 0.1 * std::log(64.0), 1e-12);  // ≈ 1.416
+  EXPECT_EQ(c.rope_attention_factor, 1.0);  // mscale = mscale_all_dim = 1 (the legacy 1.416 only on request)
   EXPECT_NO_THROW(check_fits_target(c, k2, "Kimi-K2.5-DFlash/config.json"));
   auto refused = [&](const std::function<void(json&)>& edit, const char* expect) {
     json e = j;

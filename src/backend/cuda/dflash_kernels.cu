@@ -1,7 +1,10 @@
 // Kernels of the DFlash drafter on the GPU (model/dflash_cuda.cpp): the per-head q/k RMSNorm with the
-// drafter's neox (half-split) RoPE, and the non-causal block attention over [context K/V | block].
+// drafter's neox (half-split) RoPE, the non-causal block attention over [context K/V | block], and
+// the dflash_config scale / softcap of the embeddings and logits.
 // fp32 throughout, as the CPU reference (src/model/dflash.cpp); explicit _rn arithmetic so the
 // compiler cannot contract differently from one build to the next.
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -29,6 +32,14 @@ __global__ void head_norm_rope_kernel(float* x, int64_t heads, int64_t hd, const
     const float a = v[j], b = v[j + half];
     v[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     v[j + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+__global__ void scale_softcap_kernel(float* x, int64_t n, float mul, float softcap) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = __fmul_rn(x[i], mul);
+    if (softcap > 0) v = __fmul_rn(tanhf(__fdiv_rn(v, softcap)), softcap);
+    x[i] = v;
   }
 }
 
@@ -79,6 +90,13 @@ void block_attention(const float* q, const float* k, const float* v, float* out,
                      int64_t nkv, int64_t hd, int64_t S, float scale, cudaStream_t s) {
   block_attention_kernel<<<dim3(unsigned(nh), unsigned(B)), 128, 0, s>>>(q, k, v, out, scores, B, nh, nkv, hd, S, scale);
   check_launch("block_attention");
+}
+
+void scale_softcap(float* x, int64_t n, float mul, float softcap, cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+  scale_softcap_kernel<<<unsigned(blocks), 256, 0, s>>>(x, n, mul, softcap);
+  check_launch("scale_softcap");
 }
 
 }  // namespace kd::cuda

@@ -210,6 +210,9 @@ double measure_mma_tflops(int reps);
 // angle = fp32(inv_freq[j]) × fp32(position), cos/sin × scaling.
 void head_norm_rope(float* x, int64_t rows, int64_t heads, int64_t hd, const float* w, double eps, const float* inv_freq,
                     int64_t first, float scaling, cudaStream_t s);
+// x [n] in place: x ← x · mul, then, when softcap > 0, softcap · tanh(x / softcap) (the drafter's
+// input_embedding_scale, and its output_multiplier / final_logit_softcapping on the logits).
+void scale_softcap(float* x, int64_t n, float mul, float softcap, cudaStream_t s);
 // Non-causal attention of B queries q [B, nh, hd] over S keys/values k, v [S, nkv·hd] (GQA:
 // consecutive query heads share a KV head); out [B, nh·hd]; scores: scratch [B, nh, S].
 void block_attention(const float* q, const float* k, const float* v, float* out, float* scores, int64_t B, int64_t nh,
