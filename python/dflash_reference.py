@@ -104,8 +104,9 @@ SOURCE_FACTS = [
     "[cache_len, start+B); queries take the last B rows",
     "full_attention layers call sdpa with no mask (non-causal), scaling head_dim^-0.5; a final norm precedes the "
     "target's lm_head",
-    "newer options, refused by kdtree when not neutral: input_embedding_scale, output_multiplier, "
-    "final_logit_softcapping, layer_types 'sliding_attention' (causal sliding window), is_causal",
+    "newer options (dflash 0.1.0): input_embedding_scale, output_multiplier, final_logit_softcapping (checked "
+    "against the package itself by python/dflash_package_golden.py), layer_types 'sliding_attention' (causal "
+    "sliding window) and is_causal (refused by kdtree), DFlash2DraftModel (refused)",
 ]
 
 # ---------------------------------------------------------------------------------------------

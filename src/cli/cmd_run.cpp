@@ -74,7 +74,14 @@ void add_run(CLI::App& app, RunOptions& o) {
   add_tp_flags(c, o.tp);
   c->add_option("--decode-attn", o.decode_attn, "MLA form for decode steps: absorbed (default, over the latent cache) or expanded")
       ->check(CLI::IsMember({"absorbed", "expanded"}));
-  c->add_flag("--json", o.json, "Print exactly one JSON object on stdout (ids, finish reason, timings)");
+  c->add_flag("--json", o.json, "Print exactly one JSON object on stdout (ids, finish reason, timings; with --spec "
+                                 "the round statistics, and spec.round_tau: each round's τ, the tokens it committed)");
+  c->add_option("--json-rounds", o.json_rounds,
+                "With --json and --spec: tau (default) reports spec.round_tau only; full adds spec.round_trees, per "
+                "round its start position (the root, the bonus token before it), the draft tree — tokens (root first; "
+                "the rest drafted), parents, depths — and the accepted path of node indices (τ = its length), so "
+                "acceptance can be compared with another implementation round for round")
+      ->check(CLI::IsMember({"tau", "full"}));
   c->add_option("--dump-logits", o.dump_logits, "Write the logits of every generated position to this safetensors file ('logits' [steps, vocab] F32)");
 }
 
@@ -116,6 +123,7 @@ int cmd_run(const RunOptions& o) {
     fail("--spec ", o.spec, " needs --draft DIR (a DFlash drafter) or --draft synthetic:PROFILE (e.g. synthetic:oracle)");
   if (!spec && !o.draft.empty()) fail("--draft only applies to --spec ddtree or dflash");
   if (o.budget != 0 && o.spec != "ddtree") fail("--budget only applies to --spec ddtree");
+  if (o.json_rounds == "full" && (!spec || !o.json)) fail("--json-rounds full needs --json and --spec ddtree or dflash");
   const bool synthetic = spec && o.draft.rfind("synthetic:", 0) == 0;
   if (o.draft_yarn_legacy_mscale && (!spec || synthetic))
     fail("--draft-yarn-legacy-mscale only applies to a DFlash drafter (--spec ddtree/dflash --draft DIR)");
@@ -236,6 +244,7 @@ int cmd_run(const RunOptions& o) {
     SpecOptions so;
     so.chain = o.spec == "dflash";
     so.budget = o.budget > 0 ? o.budget : drafter->block_size() - 1;
+    so.record_trees = o.json_rounds == "full";
     SpecResult sr = generate_ddtree(target, *drafter, prompt, g, so, on_token);
     r = std::move(sr.gen);
     st = std::move(sr.stats);
@@ -288,7 +297,14 @@ int cmd_run(const RunOptions& o) {
                    {"drafted", st.drafted}, {"accepted", st.accepted},
                    {"budget", o.spec == "ddtree" ? nlohmann::ordered_json(o.budget > 0 ? o.budget : drafter->block_size() - 1)
                                                  : nlohmann::ordered_json(nullptr)},
-                   {"draft_ms", st.draft_ms}, {"verify_ms", st.verify_ms}};
+                   {"draft_ms", st.draft_ms}, {"verify_ms", st.verify_ms}, {"round_tau", st.round_tau}};
+      if (o.json_rounds == "full") {
+        nlohmann::ordered_json rounds = nlohmann::ordered_json::array();
+        for (const SpecRoundTree& t : st.round_trees)
+          rounds.push_back({{"start", t.start}, {"tau", t.path.size()}, {"tokens", t.tokens}, {"parents", t.parents},
+                            {"depths", t.depths}, {"path", t.path}});
+        j["spec"]["round_trees"] = std::move(rounds);
+      }
     } else {
       j["spec"] = {{"mode", "ar"}, {"rounds", n_dec}, {"target_forwards", r.n_target_forwards},
                    {"mean_accepted_length", 1.0}, {"budget", nullptr}};

@@ -21,7 +21,7 @@ struct TpFlags {
 
 struct RunOptions {
   std::string model, prompt, prompt_ids, chat, system, thinking, spec = "ar", draft, device = "cpu", dump_logits,
-      decode_attn = "absorbed", chat_template;
+      decode_attn = "absorbed", chat_template, json_rounds = "tau";
   bool parse_special = false;
   int64_t n_predict = 32, ctx_size = 0, budget = 0, block_size = 8;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;

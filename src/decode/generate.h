@@ -51,17 +51,35 @@ struct SpecOptions {
   // A constrained request's tree holds only prefixes its grammar allows (tree.h NodeFilter); false
   // drafts unmasked (the output is the same either way; for measuring τ).
   bool grammar_draft = true;
+  // Keep every round's tree and accepted path (SpecStats / RequestStats::round_trees), for comparing
+  // acceptance round by round with another implementation (run --json-rounds full).
+  bool record_trees = false;
 };
 
 // Checks a speculative request's options (the tree budget within [1, kMaxTreeBudget] unless chain);
 // shared by the engine and the one-request path, which sizes its KV from the budget.
 void check_spec(const SpecOptions& spec);
 
+// One speculative round as the engine ran it (SpecOptions::record_trees).
+struct SpecRoundTree {
+  int64_t start = 0;             // position of the root: the bonus token, committed before the round
+  std::vector<int32_t> tokens;   // [n + 1] the draft tree (DraftTree), root first; tokens[1..n] were drafted
+  std::vector<int32_t> parents;  // [n + 1]; parents[0] = −1
+  std::vector<int32_t> depths;   // [n + 1]; root 0
+  std::vector<int32_t> path;     // the accepted nodes, root first: τ = path.size()
+};
+
 struct SpecStats {
   int64_t rounds = 0, target_forwards = 0;
   int64_t drafted = 0;                   // tree nodes verified, root excluded
   int64_t accepted = 0;                  // drafted tokens the target confirmed
   std::vector<int64_t> tau_histogram;    // [block + 1]: rounds whose τ (accepted + 1) was i
+  // [rounds] each round's τ: the tokens it committed, its accepted drafted tokens and the target's
+  // own next one (fewer only when a stop id or the length limit ended the round inside the tree:
+  // the stopping token counts, though it is not a node of the path). The prefill commits the first
+  // token, so Σ round_tau = tokens generated − 1 (as dflash_generate's acceptance_lengths).
+  std::vector<int32_t> round_tau;
+  std::vector<SpecRoundTree> round_trees;  // [rounds] with SpecOptions::record_trees, else empty
   double draft_ms = 0, verify_ms = 0, prefill_ms = 0;
   double mean_tau() const { return rounds ? double(accepted + rounds) / double(rounds) : 0.0; }
 };

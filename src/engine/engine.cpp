@@ -408,6 +408,8 @@ void Engine::Impl::post_sample(EngineSeq& s) {
   s.stats.drafted += tree.size() - 1;
   s.stats.accepted += tau - 1;
   ++s.stats.tau_histogram[size_t(std::min<int64_t>(tau, int64_t(s.stats.tau_histogram.size()) - 1))];
+  s.stats.round_tau.push_back(int32_t(tau));
+  if (opt.spec.record_trees) s.stats.round_trees.push_back({s.n_kv, tree.tokens, tree.parents, tree.depths, s.path});
   std::lock_guard<std::mutex> lk(mu);
   ++m.spec_rounds;
   m.spec_drafted += uint64_t(tree.size() - 1);

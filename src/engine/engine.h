@@ -63,6 +63,8 @@ struct RequestStats {
   double decode_ms = 0;         // first token → done
   int64_t rounds = 0, drafted = 0, accepted = 0;  // speculative decoding (0 for AR)
   std::vector<int64_t> tau_histogram;  // DDTree: [block + 1], rounds whose τ (accepted + 1) was i
+  std::vector<int32_t> round_tau;      // DDTree: each round's τ, as SpecStats::round_tau
+  std::vector<SpecRoundTree> round_trees;  // DDTree with EngineOptions::spec.record_trees: each round's tree
   // Target forwards this request took part in, and what they cost (a batched step counts whole for
   // each of its sequences: with one request, exactly that request's).
   int64_t forwards = 0;

@@ -97,6 +97,8 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
       st.drafted = s.drafted;
       st.accepted = s.accepted;
       st.tau_histogram = s.tau_histogram;
+      st.round_tau = s.round_tau;
+      st.round_trees = s.round_trees;
       st.draft_ms = s.draft_ms;
       st.verify_ms = s.verify_ms;
       st.prefill_ms = s.prefill_forward_ms;

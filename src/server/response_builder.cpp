@@ -76,6 +76,8 @@ ojson timings_object(const RequestStats& st) {
   t["spec_rounds"] = st.rounds;
   // τ: tokens committed per round (the accepted drafts plus the target's own token).
   t["mean_accepted_length"] = st.rounds > 0 ? double(st.accepted + st.rounds) / double(st.rounds) : 1.0;
+  // Each round's τ (Σ = predicted_n − 1: the prefill commits the first token), as run --json's spec.round_tau.
+  if (st.rounds > 0) t["spec_round_tau"] = st.round_tau;
   return t;
 }
 

@@ -39,6 +39,8 @@ def test_ddtree_server_equals_plain_and_run(spec_server, client, tiny_model, dra
     t = spec.model_extra["timings"]
     assert t["spec_rounds"] > 0 and t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
     assert t["mean_accepted_length"] >= 1.0
+    # Round by round as `kdtree run` (batch-invariant engine), and Σ τ = tokens − 1 (the prefill's first token).
+    assert t["spec_round_tau"] == ref["spec"]["round_tau"] and sum(t["spec_round_tau"]) == t["predicted_n"] - 1
 
 
 def test_ddtree_batch_equals_solo(spec_server):
