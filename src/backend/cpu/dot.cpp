@@ -14,6 +14,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #endif
+#include "backend/cpu/lanes.h"  // after the pragmas: its intrinsics are used here
 
 namespace kd::cpu {
 
@@ -36,16 +37,7 @@ bool dot_int4_supported(int64_t n, int32_t group) { return n % kLanes == 0 && gr
 #if defined(__AVX512F__)
 
 namespace {
-// The same halving tree as finish(), done on registers (elementwise adds in the same order, so
-// bit-identical): lanes j += j+32, then j += j+16, then within the register 8, 4, 2, 1.
-inline float reduce64(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  __m512 v = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-  return _mm_cvtss_f32(q);
-}
+using lanes::reduce64;  // the same halving tree as finish(), on registers
 
 inline float finish4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, const float* w_tail, const float* x, int64_t i, int64_t n) {
   if (i == n) return reduce64(a0, a1, a2, a3);

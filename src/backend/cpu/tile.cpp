@@ -1,0 +1,153 @@
+#include "backend/cpu/tile.h"
+
+#include <algorithm>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// GCC 12's intrinsic headers trip -Wmaybe-uninitialized on their own temporaries (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#endif
+#include "backend/cpu/lanes.h"
+
+namespace kd::cpu {
+
+#if defined(__AVX512F__)
+
+namespace {
+
+bool pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+constexpr int64_t kChunk = 64;  // elements a chunk: the 64 accumulator lanes
+
+// Natural-order lanes from the permuted accumulators, then dot.h's halving tree.
+inline float unpermute_reduce(const __m512 a[4]) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  return lanes::reduce64(_mm512_permutex2var_ps(a[0], lo, a[1]), _mm512_permutex2var_ps(a[0], hi, a[1]),
+                         _mm512_permutex2var_ps(a[2], lo, a[3]), _mm512_permutex2var_ps(a[2], hi, a[3]));
+}
+
+// One weight row against T inputs (xp: T rows of k permuted values, stride k): out[t] = w · x_t.
+// dec(c, v) decodes chunk c of the row into the register layout of tile.h.
+template <int T, class Dec>
+inline void run_tile(const Dec& dec, int64_t k, const float* xp, float* out, int64_t out_stride) {
+  __m512 acc[T][4];
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k / kChunk; ++c) {
+    __m512 v[4];
+    dec(c, v);
+    const float* xc = xp + c * kChunk;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[t][j] = _mm512_fmadd_ps(v[j], _mm512_loadu_ps(xc + t * k + 16 * j), acc[t][j]);
+  }
+  for (int t = 0; t < T; ++t) out[t * out_stride] = unpermute_reduce(acc[t]);
+}
+
+template <class Dec>
+void run_tile_n(int64_t n, const Dec& dec, int64_t k, const float* xp, float* out, int64_t out_stride) {
+  switch (n) {
+    case 1: return run_tile<1>(dec, k, xp, out, out_stride);
+    case 2: return run_tile<2>(dec, k, xp, out, out_stride);
+    case 3: return run_tile<3>(dec, k, xp, out, out_stride);
+    case 4: return run_tile<4>(dec, k, xp, out, out_stride);
+    case 5: return run_tile<5>(dec, k, xp, out, out_stride);
+    default: return run_tile<6>(dec, k, xp, out, out_stride);
+  }
+}
+static_assert(kTileRows == 6, "run_tile_n dispatches tiles of 1..6 inputs");
+
+// Rows [r_begin, r_end) in sub-blocks small enough to stay in L1 while every input tile passes over
+// them: each weight byte comes from memory once per call, whatever m.
+template <class DecFor>
+void rows_loop(const DecFor& dec_for, int64_t row_bytes, int64_t k, const float* xp, int64_t m, int64_t r_begin, int64_t r_end,
+               float* y, int64_t y_stride) {
+  const int64_t sub = std::max<int64_t>(1, (int64_t(8) << 10) / row_bytes);
+  for (int64_t rs = r_begin; rs < r_end; rs += sub) {
+    const int64_t re = std::min(r_end, rs + sub);
+    for (int64_t t0 = 0; t0 < m; t0 += kTileRows)
+      for (int64_t r = rs; r < re; ++r)
+        run_tile_n(std::min(kTileRows, m - t0), dec_for(r), k, xp + t0 * k, y + t0 * y_stride + r, y_stride);
+  }
+}
+
+}  // namespace
+
+bool tiled_supported(const Weight& w) {
+  if (w.cols % kChunk) return false;
+  if (w.int4) return w.group % 32 == 0 && pow2(w.group);
+  return w.dtype == DType::BF16;
+}
+
+void permute_inputs(const float* x, int64_t m, int64_t k, float* xp) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int64_t i = 0; i < m * k; i += kChunk) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    const __m512 c = _mm512_loadu_ps(x + i + 32), d = _mm512_loadu_ps(x + i + 48);
+    _mm512_storeu_ps(xp + i, _mm512_permutex2var_ps(a, even, b));
+    _mm512_storeu_ps(xp + i + 16, _mm512_permutex2var_ps(a, odd, b));
+    _mm512_storeu_ps(xp + i + 32, _mm512_permutex2var_ps(c, even, d));
+    _mm512_storeu_ps(xp + i + 48, _mm512_permutex2var_ps(c, odd, d));
+  }
+}
+
+void tiled_rows(const Weight& w, const float* xp, int64_t m, int64_t r_begin, int64_t r_end, float* y, int64_t y_stride) {
+  const int64_t k = w.cols;
+  if (!w.int4) {
+    const uint16_t* base = static_cast<const uint16_t*>(w.data);
+    auto dec_for = [&](int64_t r) {
+      const uint16_t* p = base + r * k;
+      return [p](int64_t c, __m512* v) {
+        const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
+        const __m512i a = _mm512_loadu_si512(p + c * kChunk), b = _mm512_loadu_si512(p + c * kChunk + 32);
+        v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));  // elements 2j: the low halves
+        v[1] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));   // elements 2j + 1: the high halves
+        v[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+        v[3] = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
+      };
+    };
+    rows_loop(dec_for, k * 2, k, xp, m, r_begin, r_end, y, y_stride);
+    return;
+  }
+  const int64_t words = w.words_per_row(), groups = k / w.group;
+  const int shift = __builtin_ctzll(uint64_t(w.group));
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  auto dec_for = [&](int64_t r) {
+    const uint8_t* p = base + r * words * 4;
+    const uint16_t* sc = w.scales + r * groups;
+    return [p, sc, shift](int64_t c, __m512* v) {
+      const __m512 q_minus_8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+      // Elements 0–31 and 32–63 of the chunk: one group each at group 32, the same at 64, 128 …
+      const __m512 t0 = _mm512_mul_ps(q_minus_8, _mm512_set1_ps(bf16_to_f32(sc[(c * kChunk) >> shift])));
+      const __m512 t1 = _mm512_mul_ps(q_minus_8, _mm512_set1_ps(bf16_to_f32(sc[(c * kChunk + 32) >> shift])));
+      const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 32)));
+      const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 32 + 16)));
+      v[0] = _mm512_permutexvar_ps(b0, t0);  // low nibbles: elements 2j
+      v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), t0);
+      v[2] = _mm512_permutexvar_ps(b1, t1);
+      v[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), t1);
+    };
+  };
+  rows_loop(dec_for, words * 4 + groups * 2, k, xp, m, r_begin, r_end, y, y_stride);
+}
+
+#else  // portable builds keep linear()'s fused and staged paths
+
+bool tiled_supported(const Weight&) { return false; }
+void permute_inputs(const float*, int64_t, int64_t, float*) { fail("permute_inputs: an AVX-512 build only"); }
+void tiled_rows(const Weight& w, const float*, int64_t, int64_t, int64_t, float*, int64_t) {
+  fail(w.name, ": tiled_rows needs an AVX-512 build");
+}
+
+#endif
+
+}  // namespace kd::cpu
