@@ -59,8 +59,10 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
   constexpr int64_t kBlock = 8, kFusedMaxRows = 2;
   const int64_t n_rows = w.rows, k = w.cols;
   const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
-  // Split only when each thread gets enough work to outweigh a hand-off (~2^15 multiply-adds, a few µs).
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, kBlock * k * m));
+  // Split only when each thread gets enough work to outweigh a hand-off: ~2^17 multiply-adds (5–10 µs
+  // on one core). Waking a sleeping or descheduled worker costs that much or more on a shared 2-core
+  // machine; below it (a small drafter's 64-wide matrices) one thread is faster.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / std::max<int64_t>(1, kBlock * k * m));
   if (tiled_supported(w)) {
     // BF16 and INT4 (tile.h): every weight row read once for all m inputs, decoded once per tile of
     // kTileRows, bit-identical per (row, input) to the paths below.

@@ -33,8 +33,9 @@ inline float unpermute_reduce(const __m512 a[4]) {
                          _mm512_permutex2var_ps(a[2], lo, a[3]), _mm512_permutex2var_ps(a[2], hi, a[3]));
 }
 
-// One weight row against T inputs (xp: T rows of k permuted values, stride k): out[t] = w · x_t.
-// dec(c, v) decodes chunk c of the row into the register layout of tile.h.
+// One weight row against T inputs (xp: the tile's chunks, input-minor as permute_inputs lays them
+// out, so every x operand is one pointer plus a constant): out[t] = w · x_t. dec(c, v) decodes
+// chunk c of the row into the register layout of tile.h.
 template <int T, class Dec>
 inline void run_tile(const Dec& dec, int64_t k, const float* xp, float* out, int64_t out_stride) {
   __m512 acc[T][4];
@@ -43,11 +44,11 @@ inline void run_tile(const Dec& dec, int64_t k, const float* xp, float* out, int
   for (int64_t c = 0; c < k / kChunk; ++c) {
     __m512 v[4];
     dec(c, v);
-    const float* xc = xp + c * kChunk;
+    const float* xc = xp + c * T * kChunk;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j)
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) acc[t][j] = _mm512_fmadd_ps(v[j], _mm512_loadu_ps(xc + t * k + 16 * j), acc[t][j]);
+      for (int t = 0; t < T; ++t) acc[t][j] = _mm512_fmadd_ps(v[j], _mm512_loadu_ps(xc + t * kChunk + 16 * j), acc[t][j]);
   }
   for (int t = 0; t < T; ++t) out[t * out_stride] = unpermute_reduce(acc[t]);
 }
@@ -90,13 +91,19 @@ bool tiled_supported(const Weight& w) {
 void permute_inputs(const float* x, int64_t m, int64_t k, float* xp) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  for (int64_t i = 0; i < m * k; i += kChunk) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-    const __m512 c = _mm512_loadu_ps(x + i + 32), d = _mm512_loadu_ps(x + i + 48);
-    _mm512_storeu_ps(xp + i, _mm512_permutex2var_ps(a, even, b));
-    _mm512_storeu_ps(xp + i + 16, _mm512_permutex2var_ps(a, odd, b));
-    _mm512_storeu_ps(xp + i + 32, _mm512_permutex2var_ps(c, even, d));
-    _mm512_storeu_ps(xp + i + 48, _mm512_permutex2var_ps(c, odd, d));
+  for (int64_t t0 = 0; t0 < m; t0 += kTileRows) {
+    const int64_t tn = std::min(kTileRows, m - t0);
+    for (int64_t t = 0; t < tn; ++t)
+      for (int64_t c = 0; c < k / kChunk; ++c) {
+        const float* s = x + (t0 + t) * k + c * kChunk;
+        float* d = xp + t0 * k + (c * tn + t) * kChunk;
+        const __m512 a = _mm512_loadu_ps(s), b = _mm512_loadu_ps(s + 16);
+        const __m512 e = _mm512_loadu_ps(s + 32), f = _mm512_loadu_ps(s + 48);
+        _mm512_storeu_ps(d, _mm512_permutex2var_ps(a, even, b));
+        _mm512_storeu_ps(d + 16, _mm512_permutex2var_ps(a, odd, b));
+        _mm512_storeu_ps(d + 32, _mm512_permutex2var_ps(e, even, f));
+        _mm512_storeu_ps(d + 48, _mm512_permutex2var_ps(e, odd, f));
+      }
   }
 }
 

@@ -15,7 +15,9 @@
 // INT4: byte j holds nibbles 2j (low) and 2j + 1 (high) → zero-extend, shift, then a 16-entry
 // table lookup {(q − 8) · scale} (vpermps reads only the index's low 4 bits, so no mask); the table
 // value is the same fp32 product the staged dequantisation forms (exact: ≤ 12 significant bits).
-// The inputs are permuted once per call into the same order (permute_inputs), not per weight row.
+// The inputs are permuted once per call into the same order (permute_inputs), not per weight row,
+// and laid out tile by tile, chunk-major within a tile: [chunk][input of the tile][64], so a tile's
+// x operands for one chunk are contiguous (one pointer + constant offsets, streamed in order).
 #pragma once
 #include <cstdint>
 
@@ -29,7 +31,8 @@ inline constexpr int64_t kTileRows = 6;
 // True when tiled_rows handles `w`: an AVX-512 build, BF16 or INT4 with group % 32 == 0, cols % 64 == 0.
 bool tiled_supported(const Weight& w);
 
-// xp[m, k] = x[m, k] with every 64-element chunk reordered as the register layout above (k % 64 == 0).
+// xp[m · k] = x[m, k] with every 64-element chunk reordered as the register layout above, in tiles
+// of kTileRows inputs (the last one ragged), chunk-major within a tile (k % 64 == 0).
 void permute_inputs(const float* x, int64_t m, int64_t k, float* xp);
 
 // y[i · y_stride + r] = w[r] · x[i] for r in [r_begin, r_end), i in [0, m); xp from permute_inputs.
