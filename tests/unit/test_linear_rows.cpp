@@ -5,6 +5,7 @@
 // tile.h (1..6, full and ragged tiles), several widths k, and the row split across threads.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -55,6 +56,16 @@ Matrix make_matrix(int64_t rows, int64_t cols, bool int4, int32_t group, uint32_
   return m;
 }
 
+// dot.h's accumulation order written out in scalar code: element i into lane i mod 64 by fma, in
+// order of i, then the halving tree — independent of the vector code it checks.
+float lanes_reference(const float* w, const float* x, int64_t n) {
+  float acc[64] = {};
+  for (int64_t i = 0; i < n; ++i) acc[i % 64] = std::fma(w[i], x[i], acc[i % 64]);
+  for (int s = 32; s > 0; s /= 2)
+    for (int j = 0; j < s; ++j) acc[j] += acc[j + s];
+  return acc[0];
+}
+
 // The single-row reference of dot.h for (row r, input x).
 float reference_dot(const Matrix& m, int64_t r, const float* x) {
   const Weight& w = m.w;
@@ -81,6 +92,10 @@ void check_every_batch_width(const Matrix& m, uint32_t seed) {
       alone[size_t(i * w.rows + r)] = one[size_t(r)];
       ASSERT_EQ(std::bit_cast<uint32_t>(one[size_t(r)]), std::bit_cast<uint32_t>(reference_dot(m, r, x.data() + i * w.cols)))
           << w.name << " k " << w.cols << " input " << i << " row " << r << ": N = 1 differs from dot.h";
+      std::vector<float> deq(size_t(w.cols));
+      cpu::dequant_row(w, r, deq.data());
+      ASSERT_EQ(std::bit_cast<uint32_t>(one[size_t(r)]), std::bit_cast<uint32_t>(lanes_reference(deq.data(), x.data() + i * w.cols, w.cols)))
+          << w.name << " k " << w.cols << " input " << i << " row " << r << ": N = 1 differs from the scalar lane order";
     }
   }
   for (int64_t n = 1; n <= kMaxRows; ++n) {
@@ -105,11 +120,25 @@ void check_every_batch_width(const Matrix& m, uint32_t seed) {
 }
 
 TEST(LinearRows, Bf16RowsBitIdenticalAloneOrAmong33) {
-  for (int64_t k : {64, 256, 1088}) check_every_batch_width(make_matrix(37, k, false, 32, uint32_t(100 + k)), 7);
+  // Ragged widths (a last chunk of 1..63 elements, or only a tail) as well as whole chunks.
+  for (int64_t k : {64, 256, 1088, 1, 16, 33, 100, 192 + 47})
+    check_every_batch_width(make_matrix(37, k, false, 32, uint32_t(100 + k)), 7);
 }
 
 TEST(LinearRows, Int4Group32RowsBitIdenticalAloneOrAmong33) {
-  for (int64_t k : {64, 256, 1088}) check_every_batch_width(make_matrix(37, k, true, 32, uint32_t(200 + k)), 8);
+  for (int64_t k : {64, 256, 1088, 32, 96, 160}) check_every_batch_width(make_matrix(37, k, true, 32, uint32_t(200 + k)), 8);
+}
+
+TEST(LinearRows, ShortF32DotsFollowTheLaneOrder) {
+  // dot_f32's tail (masked FMAs into the lanes) against the scalar order, for every length < 200.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w(200), x(200);
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  for (int64_t n = 1; n < 200; ++n)
+    ASSERT_EQ(std::bit_cast<uint32_t>(cpu::dot_f32(w.data(), x.data(), n)), std::bit_cast<uint32_t>(lanes_reference(w.data(), x.data(), n)))
+        << "n " << n;
 }
 
 TEST(LinearRows, Int4OtherGroupsBitIdenticalAloneOrAmong33) {

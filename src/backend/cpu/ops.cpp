@@ -69,7 +69,7 @@ void linear(const Weight& w, const float* x, int64_t m, float* y) {
     // The caller's scratch (per-expert MLPs run on several threads at once). A lambda names a
     // thread_local afresh on each thread, so the workers get the pointer, not the name.
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(m * k));
+    scratch.resize(static_cast<size_t>(m * padded_cols(k)));
     float* xp = scratch.data();
     permute_inputs(x, m, k, xp);
     ThreadPool::global().parallel_for(n_blocks, grain, [&](int64_t b0, int64_t b1) {

@@ -28,11 +28,16 @@ namespace kd::cpu {
 // Inputs in one register tile: 4 accumulators each plus the decoded weights fit AVX-512's 32 registers.
 inline constexpr int64_t kTileRows = 6;
 
-// True when tiled_rows handles `w`: an AVX-512 build, BF16 or INT4 with group % 32 == 0, cols % 64 == 0.
+// True when tiled_rows handles `w`: an AVX-512 build, and BF16 (any cols) or INT4 with a
+// power-of-two group ≥ 32 dividing cols. A ragged last chunk (cols % 64) goes to its lanes by
+// masked FMAs, as dot.h's finish() adds a tail.
 bool tiled_supported(const Weight& w);
 
-// xp[m · k] = x[m, k] with every 64-element chunk reordered as the register layout above, in tiles
-// of kTileRows inputs (the last one ragged), chunk-major within a tile (k % 64 == 0).
+// Floats of one permuted input row: k rounded up to whole 64-element chunks (the tail zero-padded).
+inline int64_t padded_cols(int64_t k) { return (k + 63) / 64 * 64; }
+
+// xp[m · padded_cols(k)] = x[m, k] with every 64-element chunk reordered as the register layout
+// above, in tiles of kTileRows inputs (the last one ragged), chunk-major within a tile.
 void permute_inputs(const float* x, int64_t m, int64_t k, float* xp);
 
 // y[i · y_stride + r] = w[r] · x[i] for r in [r_begin, r_end), i in [0, m); xp from permute_inputs.
