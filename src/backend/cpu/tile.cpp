@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -181,19 +182,29 @@ void tiled_rows(const Weight& w, const float* xp, int64_t m, int64_t r_begin, in
     v[2] = _mm512_permutexvar_ps(b1, t1);
     v[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), t1);
   };
-  auto row = [&](int64_t r) {
+  // The row's scales as fp32 (exact: bf16 widening), converted once per row and tile, so a chunk's
+  // two tables cost one broadcast-multiply each instead of a scalar load, shift and broadcast.
+  thread_local std::vector<float> scales_f32;  // this thread's: rows_loop runs here, row by row
+  scales_f32.resize(static_cast<size_t>(groups));
+  float* sf = scales_f32.data();
+  auto row = [&, sf](int64_t r) {
     const uint8_t* p = base + r * words * 4;
     const uint16_t* sc = w.scales + r * groups;
+    int64_t g = 0;
+    for (; g + 16 <= groups; g += 16)
+      _mm512_storeu_ps(sf + g, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g))), 16)));
+    for (; g < groups; ++g) sf[g] = bf16_to_f32(sc[g]);
     // Elements 0–31 and 32–63 of a chunk lie in one group each (groups are ≥ 32, powers of two).
-    auto dec = [p, sc, shift, lookup](int64_t c, __m512* v) {
+    auto dec = [p, sf, shift, lookup](int64_t c, __m512* v) {
       lookup(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 32))),
              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 32 + 16))),
-             bf16_to_f32(sc[(c * kChunk) >> shift]), bf16_to_f32(sc[(c * kChunk + 32) >> shift]), v);
+             sf[(c * kChunk) >> shift], sf[(c * kChunk + 32) >> shift], v);
     };
     // Whole groups of ≥ 32 leave a tail of 0 or 32 elements: one 16-byte half of a chunk.
-    auto dec_tail = [p, sc, shift, lookup, n_full](__m512* v) {
+    auto dec_tail = [p, sf, shift, lookup, n_full](__m512* v) {
       lookup(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + n_full * 32))), _mm512_setzero_si512(),
-             bf16_to_f32(sc[(n_full * kChunk) >> shift]), 0.0f, v);
+             sf[(n_full * kChunk) >> shift], 0.0f, v);
     };
     return std::pair{dec, dec_tail};
   };
