@@ -385,7 +385,10 @@ void DFlashDrafter::draft(const Context& ctx, const int32_t* block_ids, const We
     // Keys/values = [context ; block]; no mask: every block query sees all S keys.
     const float* kc = ctx.k[l].data();
     const float* vc = ctx.v[l].data();
-    ThreadPool::global().parallel_for(nh, 1, [&](int64_t h0, int64_t h1) {
+    // Heads split across threads only when their work outweighs a hand-off: a small drafter's
+    // heads are a few µs in all, and each hand-off on a loaded 2-core machine can cost a time slice.
+    const int64_t head_grain = nh * B * S * hd * 2 >= (int64_t(1) << 18) ? 1 : nh;
+    ThreadPool::global().parallel_for(nh, head_grain, [&](int64_t h0, int64_t h1) {
       std::vector<float> p(static_cast<size_t>(S));
       for (int64_t h = h0; h < h1; ++h) {
         const int64_t g_kv = h / (nh / nkv);  // GQA: consecutive query heads share a KV head

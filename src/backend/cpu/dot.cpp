@@ -14,6 +14,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #endif
+#include "backend/cpu/lanes.h"  // after the pragmas: its intrinsics are used here
 
 namespace kd::cpu {
 
@@ -21,8 +22,9 @@ namespace {
 
 constexpr int kLanes = 64;
 
-// Elements [from, n) into their lanes one by one, then the fixed halving tree.
-inline float finish(float* acc, const float* w_tail, const float* x, int64_t from, int64_t n) {
+// Elements [from, n) into their lanes one by one, then the fixed halving tree: the reference
+// order (the portable build's; finish4 below is its register form).
+[[maybe_unused]] inline float finish(float* acc, const float* w_tail, const float* x, int64_t from, int64_t n) {
   for (int64_t i = from; i < n; ++i) acc[i % kLanes] = std::fma(w_tail[i - from], x[i], acc[i % kLanes]);
   for (int s = kLanes / 2; s > 0; s /= 2)
     for (int j = 0; j < s; ++j) acc[j] += acc[j + s];
@@ -36,25 +38,21 @@ bool dot_int4_supported(int64_t n, int32_t group) { return n % kLanes == 0 && gr
 #if defined(__AVX512F__)
 
 namespace {
-// The same halving tree as finish(), done on registers (elementwise adds in the same order, so
-// bit-identical): lanes j += j+32, then j += j+16, then within the register 8, 4, 2, 1.
-inline float reduce64(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  __m512 v = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-  return _mm_cvtss_f32(q);
-}
+using lanes::reduce64;  // the same halving tree as finish(), on registers
 
+// finish() on registers: tail element i (< 64 of them) into lane i mod 64 by a masked FMA (the
+// same correctly rounded fma per lane; masked-off lanes keep their sums), then the same tree. Short
+// dots (a 16-wide attention head) were dominated by finish()'s 63 scalar adds.
 inline float finish4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, const float* w_tail, const float* x, int64_t i, int64_t n) {
-  if (i == n) return reduce64(a0, a1, a2, a3);
-  alignas(64) float acc[kLanes];
-  _mm512_store_ps(acc, a0);
-  _mm512_store_ps(acc + 16, a1);
-  _mm512_store_ps(acc + 32, a2);
-  _mm512_store_ps(acc + 48, a3);
-  return finish(acc, w_tail, x, i, n);
+  const int64_t r = n - i;
+  if (r == 0) return reduce64(a0, a1, a2, a3);
+  __m512* a[4] = {&a0, &a1, &a2, &a3};
+  for (int j = 0; j < 4 && 16 * j < r; ++j) {
+    const int64_t left = r - 16 * j;
+    const __mmask16 mk = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    *a[j] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, w_tail + 16 * j), _mm512_maskz_loadu_ps(mk, x + i + 16 * j), *a[j], mk);
+  }
+  return reduce64(a0, a1, a2, a3);
 }
 }  // namespace
 

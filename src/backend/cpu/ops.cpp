@@ -1,6 +1,7 @@
 #include "backend/cpu/ops.h"
 
 #include "backend/cpu/dot.h"
+#include "backend/cpu/tile.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,16 +56,33 @@ void dequant_row(const Weight& w, int64_t r, float* out) {
 }
 
 void linear(const Weight& w, const float* x, int64_t m, float* y) {
-  // Two paths with bit-identical results (dot.h): small batches (decode) dot straight from the
-  // stored encoding, streaming each weight row once per input from L1; larger batches dequantise a
-  // block of rows once and run every input against it.
   constexpr int64_t kBlock = 8, kFusedMaxRows = 2;
   const int64_t n_rows = w.rows, k = w.cols;
+  const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
+  // Split only when each thread gets enough work to outweigh a hand-off: ~2^17 multiply-adds (5–10 µs
+  // on one core). Waking a sleeping or descheduled worker costs that much or more on a shared 2-core
+  // machine; below it (a small drafter's 64-wide matrices) one thread is faster.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / std::max<int64_t>(1, kBlock * k * m));
+  if (tiled_supported(w)) {
+    // BF16 and INT4 (tile.h): every weight row read once for all m inputs, decoded once per tile of
+    // kTileRows, bit-identical per (row, input) to the paths below.
+    // The caller's scratch (per-expert MLPs run on several threads at once). A lambda names a
+    // thread_local afresh on each thread, so the workers get the pointer, not the name.
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(m * padded_cols(k)));
+    float* xp = scratch.data();
+    permute_inputs(x, m, k, xp);
+    ThreadPool::global().parallel_for(n_blocks, grain, [&](int64_t b0, int64_t b1) {
+      tiled_rows(w, xp, m, b0 * kBlock, std::min(n_rows, b1 * kBlock), y, n_rows);
+    });
+    return;
+  }
+  // Two paths with bit-identical results (dot.h) for the other encodings (F32, F16, INT4 groups
+  // tile.h does not take): small batches (decode) dot straight from the stored encoding, streaming
+  // each weight row once per input from L1; larger batches dequantise a block of rows once and run
+  // every input against it.
   const bool fused = m <= kFusedMaxRows &&
                      (w.int4 ? dot_int4_supported(k, w.group) : (w.dtype == DType::BF16 || w.dtype == DType::F32));
-  const int64_t n_blocks = (n_rows + kBlock - 1) / kBlock;
-  // Split only when each thread gets enough work to outweigh a hand-off (~2^15 multiply-adds, a few µs).
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, kBlock * k * m));
   ThreadPool::global().parallel_for(n_blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t r_begin = b0 * kBlock, r_end = std::min(n_rows, b1 * kBlock);
     if (fused) {
