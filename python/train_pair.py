@@ -80,7 +80,7 @@ def parse():
     g.add_argument("--target-steps", type=int, default=0, help="fixed step count instead of the time budget")
     g.add_argument("--target-seconds", type=float, default=None)
     g.add_argument("--experts-impl", default=None, help="transformers experts_implementation for training "
-                   "(default: the first of grouped_mm, batched_mm (CUDA only), eager that runs)")
+                   "(default: the first of grouped_mm, eager that runs)")
     g = ap.add_argument_group("drafter")
     g.add_argument("--draft-layers", type=int, default=2)
     g.add_argument("--draft-heads", type=int, default=4)
@@ -126,7 +126,8 @@ def pick_experts_impl(model, a, device, amp) -> str:
         model.set_experts_implementation(a.experts_impl)
         return a.experts_impl
     x = torch.randint(0, 100, (2, 32), device=device)
-    for impl in ("grouped_mm", "batched_mm", "eager") if device.type == "cuda" else ("grouped_mm", "eager"):
+    # (not batched_mm: it gathers one weight matrix per token·k pair, tens of GB at a training batch)
+    for impl in ("grouped_mm", "eager"):
         try:
             model.set_experts_implementation(impl)
             with amp():
