@@ -101,6 +101,43 @@ def test_json_schema_answers_validate_batched_streamed_and_not(client):
         assert n >= 45, (name, n, "of 60 completed")
 
 
+# Keywords compiled to digit-string and regular grammars (grammar/json_number.h, json_format.h): integer
+# ranges, decimal bounds, multipleOf, the string formats with a checker in jsonschema's FormatChecker
+# (date, ipv4, ipv6, uuid, email; others need extra packages), a discriminated oneOf.
+KEYWORDS = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": -40, "exclusiveMaximum": 125},
+        "x": {"type": "number", "minimum": -1.5, "maximum": 2.25},
+        "m": {"type": "integer", "multipleOf": 7},
+        "day": {"type": "string", "format": "date"},
+        "ip": {"type": "string", "format": "ipv4"},
+        "ip6": {"type": "string", "format": "ipv6"},
+        "id": {"type": "string", "format": "uuid"},
+        "mail": {"type": "string", "format": "email"},
+        "shape": {"oneOf": [
+            {"type": "object", "properties": {"kind": {"const": "dot"}}, "required": ["kind"], "additionalProperties": False},
+            {"type": "object", "properties": {"kind": {"const": "box"}, "w": {"type": "integer", "minimum": 1, "maximum": 9}},
+             "required": ["kind", "w"], "additionalProperties": False}]},
+    },
+    "required": ["n", "x", "m", "day", "ip", "ip6", "id", "mail", "shape"],
+    "additionalProperties": False,
+}
+
+
+def test_numeric_bounds_formats_and_one_of_validate(client):
+    validator = jsonschema.Draft202012Validator(KEYWORDS, format_checker=jsonschema.FormatChecker())
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda seed: chat(client, KEYWORDS, seed=seed, max_tokens=400), range(40)))
+    done = 0
+    for seed, (text, finish, err) in enumerate(results):
+        if check(KEYWORDS, text, finish, err):
+            errors = [e.message for e in validator.iter_errors(json.loads(text))]
+            assert not errors, (seed, text, errors)
+            done += 1
+    assert done >= 10, done
+
+
 def test_greedy_is_deterministic_and_alone_equals_batched(client):
     alone = [chat(client, s, seed=0, temperature=0.0) for s in SCHEMAS.values()]
     with ThreadPoolExecutor(4) as pool:
@@ -149,9 +186,9 @@ def test_gbnf_grammar_on_completions(client):
 
 def test_unsupported_schema_is_400_naming_the_path(client, server):
     status, _, r = server.post("/v1/chat/completions", {"messages": MSGS, "response_format": response_format(
-        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}})})
+        {"type": "object", "properties": {"n": {"type": "object", "minProperties": 3}}})})
     assert status == 400 and r["error"]["param"] == "response_format"
-    assert "$.properties.n.minimum: not supported" in r["error"]["message"]
+    assert "$.properties.n.minProperties: not supported" in r["error"]["message"]
 
 
 @pytest.fixture(scope="module")
