@@ -337,7 +337,9 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body_text) {
   if (endpoint == Endpoint::chat) {
     parse_chat(body, r);
     // The parameter schemas in document order (this body's objects are key-sorted).
-    if (r.strict_tools) r.tools_json_ordered = nlohmann::ordered_json::parse(body_text)["tools"].dump();
+    // (Also for tool_choice required / named: the grammar then forces a call of a declared function.)
+    if (r.strict_tools || r.tool_choice == ToolChoice::required || r.tool_choice == ToolChoice::named)
+      r.tools_json_ordered = nlohmann::ordered_json::parse(body_text)["tools"].dump();
   } else {
     parse_prompt(body, r);
     for (const char* p : {"messages", "tools", "tool_choice", "chat_template_kwargs"})

@@ -45,7 +45,7 @@ struct ApiRequest {
   std::string tools_json;  // the tools array as JSON text, empty when none
   std::vector<std::string> tool_names;
   bool strict_tools = false;       // some tool has function.strict: true
-  std::string tools_json_ordered;  // strict_tools: the tools array in document order (schemas' property order)
+  std::string tools_json_ordered;  // strict_tools or tool_choice required / named: the tools array in document order (schemas' property order)
   ToolChoice tool_choice = ToolChoice::auto_;
   std::string tool_choice_name;  // ToolChoice::named
   std::optional<bool> thinking;  // chat_template_kwargs.thinking

@@ -168,7 +168,11 @@ PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
     // tool_choice none: the tools stay declared in the prompt (vLLM's default) but calls are not parsed.
     ro.parser.tool_calls = req.tool_choice != ToolChoice::none;
     ro.prefill = prefill;
-    if (req.strict_tools && req.tool_choice != ToolChoice::none) {
+    // The tool-call grammar: with a strict tool (its arguments follow its schema), and for
+    // tool_choice required / named with any tools (the call, a declared name and JSON-object
+    // arguments are enforced by the grammar, not left to the prefill).
+    const bool forced = req.tool_choice == ToolChoice::required || req.tool_choice == ToolChoice::named;
+    if ((req.strict_tools && req.tool_choice != ToolChoice::none) || (forced && req.constraint == ApiRequest::Constraint::none)) {
       try {
         tool_gbnf = kimi_tool_call_gbnf(nlohmann::ordered_json::parse(req.tools_json_ordered), req.tool_choice,
                                         req.tool_choice_name, in_reasoning && prefill.empty());

@@ -1,5 +1,7 @@
-// Strict tool calls (issue 20): the grammar of a Kimi answer whose tool-call section is constrained
-// to the declared tools, for requests where some tool has `strict: true`.
+// Tool calls under a grammar (issue 20): the grammar of a Kimi answer whose tool-call section is
+// constrained to the declared tools, for requests where some tool has `strict: true` or where
+// tool_choice is required / named (then even with no strict tool: the call, a declared name and
+// JSON-object arguments are enforced).
 //
 // SPEC-MODEL.md §4's section, markers as the special tokens they are:
 //   <|tool_calls_section_begin|> ( <|tool_call_begin|> functions.NAME:IDX <|tool_call_argument_begin|>

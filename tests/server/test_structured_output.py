@@ -240,6 +240,35 @@ def test_strict_tool_calls_validate(client, tool_choice):
     assert calls >= 6
 
 
+LOOSE_TOOLS = [  # no strict tool: tool_choice required / named alone puts the call under the grammar
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "ping"}},
+]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "ping"}}])
+def test_forced_tool_choice_is_enforced_without_strict_tools(client, tool_choice):
+    # Free-form JSON arguments from a random model often run to max_tokens; a cut answer still holds
+    # no text outside the call (the grammar allows none), and every finished one is a declared call.
+    calls = 0
+    for seed in range(16):
+        r = client.chat.completions.create(model="tiny", messages=MSGS, tools=LOOSE_TOOLS, tool_choice=tool_choice, seed=seed,
+                                           temperature=1.0, max_tokens=200)
+        c = r.choices[0]
+        if c.finish_reason == "length":
+            assert not c.message.content, c.message
+            continue
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.tool_calls and not c.message.content, c.message
+        for tc in c.message.tool_calls:
+            assert tc.function.name in ("lookup", "ping"), tc
+            if isinstance(tool_choice, dict):
+                assert tc.function.name == "ping"
+            assert isinstance(json.loads(tc.function.arguments), dict), tc.function.arguments
+            calls += 1
+    assert calls >= 3, calls
+
+
 def test_strict_tools_auto_text_or_valid_calls(client):
     for seed in range(4):
         r = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, seed=seed, temperature=1.0, max_tokens=24)
