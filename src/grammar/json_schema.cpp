@@ -153,6 +153,7 @@ class Converter {
   std::string ws_, comma_, colon_;
   std::map<std::string, std::string> rules_;  // name → body
   std::map<std::string, std::string> refs_;   // $ref → rule name
+  int64_t shape_calls_ = 0;                   // work done by shape() (oneOf's disjointness test)
   int n_ = 0;
 
   std::string emit_rules() {
@@ -429,7 +430,9 @@ class Converter {
       sh.types = s->get<bool>() ? unsigned(kAll) : 0u;
       return sh;
     }
-    if (!s->is_object() || depth > 16) return sh;
+    // A bounded amount of work: recursive $refs under anyOf could otherwise branch without end
+    // (knowing less only makes branches look less disjoint).
+    if (!s->is_object() || depth > 16 || ++shape_calls_ > 10000) return sh;
     if (s->contains("type")) {
       const json& t = (*s)["type"];
       unsigned m = 0;
