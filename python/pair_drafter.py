@@ -102,7 +102,7 @@ def build(cfg_json: dict, out_dir: Path, device):
 def greedy(target, prompts: torch.Tensor, n_new: int, amp) -> torch.Tensor:
     """[n, P] -> [n, P + n_new]: the target's greedy continuation (argmax every step, no EOS stop)."""
     with amp():
-        out = target(input_ids=prompts, use_cache=True)
+        out = target(input_ids=prompts, use_cache=True, logits_to_keep=1)
     past, seq = out.past_key_values, [prompts]
     nxt = out.logits[:, -1].float().argmax(-1)
     for i in range(n_new):
@@ -122,13 +122,14 @@ def tap_features(target, seqs: torch.Tensor, taps: list[int], batch: int, amp) -
     out = []
     for i in range(0, seqs.shape[0], batch):
         with amp():
-            hs = target(input_ids=seqs[i:i + batch], output_hidden_states=True, use_cache=False).hidden_states
+            # the decoder stack only: the lm_head's [b, T, vocab] logits are not needed
+            hs = target.model(input_ids=seqs[i:i + batch], output_hidden_states=True, use_cache=False).hidden_states
         out.append(torch.cat([hs[t + 1] for t in taps], -1).to(torch.bfloat16))
     return torch.cat(out)
 
 
-def make_data(target, tokens: torch.Tensor, n_seq_max: int, P: int, T: int, gen_batch: int, seconds: float,
-              taps: list[int], amp, gen: torch.Generator, log):
+def make_data(target, tokens: torch.Tensor, n_seq_max: int, P: int, T: int, gen_batch: int, tap_batch: int,
+              seconds: float, taps: list[int], amp, gen: torch.Generator, log):
     """Prompts from `tokens` (random windows), greedy continuations until n_seq_max sequences or
     `seconds`; returns (seqs [n, T] int64, feats [n, T, n_taps·H] bf16)."""
     t0, seqs = time.time(), []
@@ -141,7 +142,7 @@ def make_data(target, tokens: torch.Tensor, n_seq_max: int, P: int, T: int, gen_
         if time.time() - t0 > seconds:
             break
     seqs = torch.cat(seqs)[:n_seq_max]
-    feats = tap_features(target, seqs, taps, gen_batch, amp)
+    feats = tap_features(target, seqs, taps, tap_batch, amp)
     log(f"drafter data: {seqs.shape[0]} sequences, taps {tuple(feats.shape)} in {time.time() - t0:.0f} s")
     return seqs, feats
 
@@ -211,12 +212,12 @@ def train(draft, seqs, feats, embed, lm_head, a, P: int, amp, log) -> dict:
         if step % a.log_every == 0 or step == 1:
             acc = (logits.argmax(-1) == labels).float().mean((0, 1))
             dt = time.time() - t0
-            hist.append({"step": step, "loss": round(float(loss), 4), "s": round(dt, 1)})
-            log(f"drafter step {step:5d} loss {float(loss):.3f} lr {lr:.2e} "
+            hist.append({"step": step, "loss": round(float(loss.detach()), 4), "s": round(dt, 1)})
+            log(f"drafter step {step:5d} loss {float(loss.detach()):.3f} lr {lr:.2e} "
                 f"{step * a.draft_batch * nb * (B - 1) / dt:,.0f} predictions/s top-1 k=1 {float(acc[0]):.2f} "
                 f"k={B - 1} {float(acc[-1]):.2f} ({dt:.0f} s)")
     draft.eval()
-    return {"steps": step, "seconds": round(time.time() - t0, 1), "final_loss": float(loss), "loss_log": hist}
+    return {"steps": step, "seconds": round(time.time() - t0, 1), "final_loss": float(loss.detach()), "loss_log": hist}
 
 
 @torch.no_grad()

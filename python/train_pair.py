@@ -62,7 +62,7 @@ def parse():
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 2 on CPU, 8 with CUDA)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget", type=float, default=380.0,
-                    help="seconds for the timed phases: 50%% target, 14%% greedy data, 26%% drafter (rest: overhead)")
+                    help="seconds for the timed phases: 46%% target, 16%% greedy data, 24%% drafter (rest: overhead)")
     g = ap.add_argument_group("corpus and tokenizer")
     g.add_argument("--corpus-mb", type=float, default=0, help="cap the corpus (a sha256-ordered sample); 0 = all")
     g.add_argument("--holdout-mod", type=int, default=64, help="hold out files whose sha256 ≡ 0 mod this")
@@ -91,8 +91,10 @@ def parse():
     g.add_argument("--loss-gamma", type=float, default=7.0, help="position weight exp(−(k−1)/γ) (7 for B = 16)")
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens before the target's continuation")
     g.add_argument("--draft-seq", type=int, default=512, help="prompt + greedy continuation length")
-    g.add_argument("--gen-batch", type=int, default=256)
-    g.add_argument("--gen-seqs", type=int, default=8192, help="at most this many training sequences")
+    g.add_argument("--gen-batch", type=int, default=2048, help="prompts continued together (the loop is launch-bound)")
+    g.add_argument("--tap-batch", type=int, default=256)
+    g.add_argument("--gen-seqs", type=int, default=32768, help="at most this many training sequences "
+                   "(their taps stay on the device: n·T·taps·hidden bf16, 25 GB at the defaults)")
     g.add_argument("--gen-seconds", type=float, default=None)
     g.add_argument("--eval-seqs", type=int, default=32, help="held-out sequences for the accuracy table")
     g.add_argument("--n-blocks", type=int, default=32, help="anchors (blocks) per sequence and step")
@@ -101,6 +103,7 @@ def parse():
     g.add_argument("--draft-steps", type=int, default=0)
     g.add_argument("--draft-seconds", type=float, default=None)
     g.add_argument("--ref-prompts", type=int, default=4, help="prompts for dflash_generate's τ (0 = skip)")
+    g.add_argument("--ref-tokens", type=int, default=128, help="tokens dflash_generate makes per prompt")
     g.add_argument("--log-every", type=int, default=50)
     a = ap.parse_args()
     if a.tiny:
@@ -109,14 +112,14 @@ def parse():
                     moe_intermediate=64, dense_intermediate=128, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
                     qk_rope_head_dim=16, v_head_dim=16, seq=64, batch=8, target_steps=80, warmup=10,
                     draft_intermediate=128, block_size=8, loss_gamma=4.0, prompt_len=16, draft_seq=48,
-                    gen_batch=16, gen_seqs=48, eval_seqs=4, n_blocks=4, draft_batch=8, draft_steps=80,
+                    gen_batch=16, tap_batch=16, gen_seqs=48, ref_tokens=32, eval_seqs=4, n_blocks=4, draft_batch=8, draft_steps=80,
                     ref_prompts=2, log_every=20, holdout_mod=16, bias_gamma=1e-2)
         for k, v in tiny.items():
             if getattr(a, k) == ap.get_default(k):
                 setattr(a, k, v)
-    a.target_seconds = a.target_seconds or 0.50 * a.time_budget
-    a.gen_seconds = a.gen_seconds or 0.14 * a.time_budget
-    a.draft_seconds = a.draft_seconds or 0.26 * a.time_budget
+    a.target_seconds = a.target_seconds or 0.46 * a.time_budget
+    a.gen_seconds = a.gen_seconds or 0.16 * a.time_budget
+    a.draft_seconds = a.draft_seconds or 0.24 * a.time_budget
     return a
 
 
@@ -234,14 +237,14 @@ def main():
     draft = pair_drafter.build(dcfg, ddir, device)
     gen = torch.Generator().manual_seed(a.seed + 1)
     P, T = a.prompt_len, a.draft_seq
-    seqs, feats = pair_drafter.make_data(target, tokens, a.gen_seqs, P, T, a.gen_batch, a.gen_seconds, taps, fp32,
-                                         gen, log)
+    seqs, feats = pair_drafter.make_data(target, tokens, a.gen_seqs, P, T, a.gen_batch, a.tap_batch, a.gen_seconds,
+                                         taps, fp32, gen, log)
     timing["drafter_data_s"] = time.time() - t
     # Held-out sequences: the start of each held-out file as the prompt.
     hp = [d[:P] for d in held_docs if len(d) >= P][: a.eval_seqs]
     held_prompts = torch.tensor(hp, device=device)
     held_seqs = pair_drafter.greedy(target, held_prompts, T - P, fp32)
-    held_feats = pair_drafter.tap_features(target, held_seqs, taps, a.gen_batch, fp32)
+    held_feats = pair_drafter.tap_features(target, held_seqs, taps, a.tap_batch, fp32)
     embed = target.model.embed_tokens.weight.detach()
     lm_head = target.lm_head.weight.detach()
     t = time.time()
@@ -261,7 +264,7 @@ def main():
     ref = {}
     if a.ref_prompts:
         t = time.time()
-        ref = pair_drafter.reference_tau(ddir, target, hp[: a.ref_prompts], T - P, device)
+        ref = pair_drafter.reference_tau(ddir, target, hp[: a.ref_prompts], a.ref_tokens, device)
         log(f"dflash_generate (DFlashDraftModel.from_pretrained) τ {ref['dflash_generate_tau_per_prompt']}, "
             f"output equals greedy {ref['equals_greedy']} ({time.time() - t:.0f} s)")
 
