@@ -59,8 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const json body = kd::parse_json(text, "request body");
       if (!body.is_object()) return 0;
       if (detok) {
-        const std::string text = kd::detokenize_response(body, f.model)["content"].get<std::string>();
-        if (kd::utf8_sanitize(text) != text) std::abort();  // /detokenize answers valid UTF-8
+        const std::string content = kd::detokenize_response(body, f.model)["content"].get<std::string>();
+        if (kd::utf8_sanitize(content) != content) std::abort();  // /detokenize answers valid UTF-8
       } else {
         (void)kd::tokenize_response(body, f.model).dump();
       }

@@ -355,7 +355,7 @@ TEST(DFlashPackage, EveryConfigVariantMatchesTheDflashPackage) {
     SafetensorsFile golden(fixture(cat(name, "/package_golden.safetensors")));
     for (const auto& [variant, v] : meta.at("variants").items()) {
       SCOPED_TRACE(cat(name, " / ", variant));
-      TempDrafter t(cat("pkg_", variant), [&](json& j) { apply_patch(j, v); }, name);
+      TempDrafter t(cat("pkg_", variant), [&v = v](json& j) { apply_patch(j, v); }, name);
       DFlashDrafter d(t.dir, target().config());
       EXPECT_NEAR(d.config().rope_attention_factor, read_tensor<double>(golden, variant + ".attention_scaling")[0], 1e-12);
       EXPECT_EQ(d.config().target_layer_ids, v.at("target_layer_ids").get<std::vector<int64_t>>());

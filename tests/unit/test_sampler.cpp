@@ -459,8 +459,8 @@ TEST(SamplerErrors, InvalidParamsNameTheField) {
       {params(0.0f, -3), "top_k"},  // greedy does not excuse an invalid filter
   };
   for (const auto& [p, field] : bad) {
-    expect_error([&] { kd::validate(p); }, std::string("SamplingParams.") + field);
-    expect_error([&] { draw(l, p, 0.5f); }, std::string("SamplingParams.") + field);
+    expect_error([&p = p] { kd::validate(p); }, std::string("SamplingParams.") + field);
+    expect_error([&, &p = p] { draw(l, p, 0.5f); }, std::string("SamplingParams.") + field);
   }
   for (const SamplingParams& ok : {params(0.0f), params(1.0f, 0, 1.0f, 1.0f), params(0.5f, 7, 1e-6f, 0.0f)})
     EXPECT_NO_THROW(kd::validate(ok));
