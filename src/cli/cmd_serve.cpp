@@ -33,10 +33,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
                 "advance and only work with `kdtree run`");
   c->add_option("--spec", o.spec, "With --draft: ddtree (tree, default) or dflash (the drafter's top-1 chain)")
       ->check(CLI::IsMember({"ddtree", "dflash"}));
-  c->add_option("--budget", o.budget, cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ",
-                                          kMaxTreeBudget, ": verify memory and time grow with budget²)"))
-      ->transform(whole_number(o.budget))
-      ->check(CLI::Range(int64_t(1), kMaxTreeBudget));
+  add_budget_flags(c, o.budget);  // --budget N|auto, --budget-max (auto: decided per sequence, cli/budget_flags.h)
   c->add_option("--host", o.host, "Address to bind (default 127.0.0.1: local only; 0.0.0.0 exposes the server)");
   c->add_option("--port", o.port, "TCP port (default 8080; 0 picks a free one and logs it)")
       ->transform(whole_number(o.port))->check(CLI::Range(0, 65535));
@@ -115,8 +112,10 @@ int cmd_serve(const ServeOptions& o) {
   if (o.draft.rfind("synthetic:", 0) == 0)
     fail("--draft ", o.draft, ": a synthetic drafter must know each answer in advance, which a server cannot; "
                              "use a DFlash drafter directory (or `kdtree run --draft synthetic:...`)");
-  if (o.draft.empty() && (!o.spec.empty() || o.budget > 0)) fail("--spec and --budget need --draft DIR");
-  if (o.spec == "dflash" && o.budget > 0) fail("--budget only applies to --spec ddtree");
+  if (o.draft.empty() && (!o.spec.empty() || !o.budget.budget.empty() || !o.budget.budget_max.empty()))
+    fail("--spec, --budget and --budget-max need --draft DIR");
+  const std::string spec_mode = o.draft.empty() ? "" : o.spec.empty() ? "ddtree" : o.spec;
+  check_budget_flags(o.budget, spec_mode);
   if (!std::filesystem::is_directory(o.model)) fail(o.model, ": not a directory (expected a checkpoint directory)");
   // A bad --tp fails here, not after the port opens (the checkpoint itself is read by the loader).
   if (o.tp.tp > 1 || !o.tp.devices.empty()) check_tp_flags(o.tp, cuda, load_checkpoint_config(o.model));
@@ -189,8 +188,7 @@ int cmd_serve(const ServeOptions& o) {
         // One drafter per running sequence; on the GPU beside a GPU target (its context K/V there).
         LoadedTarget::Drafters d = lt->dflash_drafters(o.draft, std::min(eo.context, target.max_context()));
         eo.make_drafter = std::move(d.make);
-        eo.spec.chain = o.spec == "dflash";
-        eo.spec.budget = o.budget > 0 ? o.budget : d.first->block_size() - 1;
+        apply_budget_flags(o.budget, spec_mode, eo.spec);
       }
       ServedModel sm;
       sm.name = o.alias.empty() ? std::filesystem::path(o.model).lexically_normal().filename().string() : o.alias;

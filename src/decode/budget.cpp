@@ -1,0 +1,185 @@
+#include "decode/budget.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace kd {
+
+namespace {
+
+constexpr double kCostStep = 0.2;   // weight of a new verify measurement in its row count's entry
+constexpr double kDraftStep = 0.2;  // … of a new draft measurement
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+VerifyCost::VerifyCost(const std::vector<std::pair<int64_t, double>>& points, int64_t max_rows) {
+  if (max_rows < 1) fail("verify cost: the table needs at least one row (got ", max_rows, ")");
+  if (points.empty()) fail("verify cost: no measured points");
+  for (size_t i = 0; i < points.size(); ++i) {
+    const auto [rows, ms] = points[i];
+    if (rows < 1 || !(std::isfinite(ms) && ms > 0))
+      fail("verify cost: point ", i, " (", rows, " rows, ", ms, " ms) needs rows ≥ 1 and a time > 0");
+    if (i > 0 && rows <= points[i - 1].first) fail("verify cost: rows must ascend (", points[i - 1].first, " then ", rows, ")");
+  }
+  ms_.assign(size_t(max_rows + 1), 0.0);
+  for (int64_t r = 1; r <= max_rows; ++r) {
+    // Below the first point its time (a forward costs no less for fewer rows than we saw); between
+    // two points linear; past the last, the last segment's slope, never below the last time.
+    double v = points[0].second;
+    if (points.size() > 1 && r > points[0].first) {
+      size_t j = 1;
+      while (j + 1 < points.size() && points[j].first < r) ++j;
+      const auto [r0, m0] = points[j - 1];
+      const auto [r1, m1] = points[j];
+      v = m0 + (m1 - m0) * double(r - r0) / double(r1 - r0);
+      if (r > r1) v = std::max(v, m1);
+    }
+    ms_[size_t(r)] = std::max(v, 1e-6);
+  }
+}
+
+double VerifyCost::ms(int64_t rows) const {
+  if (rows < 1 || rows > max_rows()) fail("verify cost: ", rows, " rows outside the table's 1 … ", max_rows());
+  return ms_[size_t(rows)];
+}
+
+void VerifyCost::observe(int64_t rows, double ms) {
+  if (rows < 1 || rows > max_rows() || !(std::isfinite(ms) && ms > 0)) return;
+  ms_[size_t(rows)] += kCostStep * (ms - ms_[size_t(rows)]);
+}
+
+void RoundCosts::observe_verify(int64_t rows, double ms) {
+  if (!frozen) verify.observe(rows, ms);
+}
+
+void RoundCosts::observe_draft(double ms) {
+  if (frozen || !(std::isfinite(ms) && ms >= 0)) return;
+  draft_ms = draft_seen ? draft_ms + kDraftStep * (ms - draft_ms) : ms;
+  draft_seen = true;
+}
+
+int AcceptanceModel::bin(double sigma) {
+  if (!(sigma < 0)) return 0;  // σ = 0 (or a rounding above it)
+  const double b = std::floor(-sigma / kBinWidth);
+  return b >= kBins - 1 ? kBins - 1 : int(b);
+}
+
+double AcceptanceModel::f(double sigma) const {
+  const int b = bin(sigma);
+  const double prior = std::exp(std::min(sigma, 0.0));
+  return (accepted_[size_t(b)] + kPriorWeight * prior) / (verified_[size_t(b)] + kPriorWeight);
+}
+
+void AcceptanceModel::observe(const DraftTree& tree, const std::vector<int32_t>& path) {
+  for (int b = 0; b < kBins; ++b) {
+    accepted_[size_t(b)] *= kDecay;
+    verified_[size_t(b)] *= kDecay;
+  }
+  size_t k = 1;  // path[0] is the root; the rest ascend
+  for (int64_t i = 1; i < tree.size(); ++i) {
+    const int b = bin(tree.scores[size_t(i)]);
+    verified_[size_t(b)] += 1;
+    if (k < path.size() && path[k] == i) {
+      accepted_[size_t(b)] += 1;
+      ++k;
+    }
+  }
+}
+
+namespace {
+
+void check_plan_input(const std::vector<double>& f, const VerifyCost& cost) {
+  if (f.empty()) fail("budget plan: no nodes to choose from");
+  if (int64_t(f.size()) + 1 > cost.max_rows())
+    fail("budget plan: ", f.size(), " nodes need cost(", f.size() + 1, "), the table ends at ", cost.max_rows(), " rows");
+}
+
+}  // namespace
+
+BudgetPlan plan_budget(const std::vector<double>& f, const VerifyCost& cost, double draft_ms) {
+  check_plan_input(f, cost);
+  BudgetPlan p;
+  p.ar = {0, 1.0, cost.ms(1)};
+  double tokens = 1;
+  for (size_t i = 0; i < f.size(); ++i) {
+    tokens += f[i];
+    const BudgetChoice c{int64_t(i + 1), tokens, draft_ms + cost.ms(int64_t(i + 2))};
+    if (i == 0 || c.tokens_per_ms() > p.best.tokens_per_ms()) p.best = c;
+  }
+  return p;
+}
+
+BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, double rate) {
+  check_plan_input(f, cost);
+  BudgetChoice best;
+  double best_gain = 0, tokens = 1;
+  for (size_t i = 0; i < f.size(); ++i) {
+    tokens += f[i];
+    const BudgetChoice c{int64_t(i + 1), tokens, draft_ms + cost.ms(int64_t(i + 2))};
+    const double gain = c.tokens - rate * (c.ms - draft_ms);
+    if (i == 0 || gain > best_gain) best = c, best_gain = gain;
+  }
+  return best;
+}
+
+BudgetController::BudgetController(int64_t max_nodes) : max_nodes_(max_nodes) {
+  if (max_nodes < 1) fail("--budget auto: the largest tree must have at least one node (got ", max_nodes, ")");
+}
+
+BudgetChoice BudgetController::ar_step(const RoundCosts& costs) {
+  if (ar_left_ > 0) --ar_left_;
+  return {0, 1.0, costs.verify.ms(1)};
+}
+
+BudgetChoice BudgetController::choose(const DraftTree& tree, const RoundCosts& costs) {
+  const int64_t n = std::min({tree.size() - 1, max_nodes_, costs.verify.max_rows() - 1});
+  if (n < 1) return {0, 1.0, costs.verify.ms(1)};  // nothing drafted: the root alone
+  std::vector<double> f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[size_t(i)] = acc_.f(tree.scores[size_t(i + 1)]);
+  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms);
+  const double ratio = plan.best.tokens_per_ms() / plan.ar.tokens_per_ms();
+  ratio_ = speculating_ ? ratio_ + kSmoothing * (ratio - ratio_) : ratio;  // a probe is judged on its own
+  if (ratio_ >= 1.0) {
+    speculating_ = true;
+    fails_ = 0;
+    return plan.best;
+  }
+  speculating_ = false;
+  ++fails_;
+  const BudgetChoice probe = best_at_rate(f, costs.verify, costs.draft_ms, plan.ar.tokens_per_ms());
+  // What this round costs beyond the AR steps that would have committed its expected tokens; the
+  // wait makes probes at most kProbeShare of the time spent waiting.
+  const double loss_ms = std::max(0.0, probe.ms - probe.tokens * plan.ar.ms);
+  const double floor_steps = std::ceil(loss_ms / (kProbeShare * plan.ar.ms));
+  const int64_t doubling = fails_ > 7 ? kMaxBackoff : std::min<int64_t>(int64_t(1) << (fails_ - 1), kMaxBackoff);
+  ar_left_ = std::max<int64_t>(doubling, int64_t(std::min<double>(floor_steps, double(kMaxWait))));
+  return probe;
+}
+
+VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows, double budget_s) {
+  if (max_rows < 1) fail("verify cost profile: need at least one row (got ", max_rows, ")");
+  std::vector<int64_t> rows;
+  for (int64_t r = 1; r <= max_rows; r = r == 1 ? 2 : 2 * r - 1) rows.push_back(r);  // 1, 2, 3, 5, 9, 17, 33, 65 …
+  if (rows.back() != max_rows) rows.push_back(max_rows);
+  const double t0 = now_s();
+  for (int64_t r : rows) time_forward(r);  // untimed: caches, buffers, graph capture
+  std::vector<std::vector<double>> runs(rows.size());
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass > 0 && now_s() - t0 > budget_s) break;
+    for (size_t i = 0; i < rows.size(); ++i) runs[i].push_back(time_forward(rows[i]));
+  }
+  std::vector<std::pair<int64_t, double>> points;
+  for (size_t i = 0; i < rows.size(); ++i) points.push_back({rows[i], std::max(median(runs[i]), 1e-6)});
+  return VerifyCost(points, max_rows);
+}
+
+}  // namespace kd

@@ -1,0 +1,140 @@
+// `--budget auto` (issue 16 §3): each round verifies the tree size N that maximises expected tokens
+// per second, E[τ(N)] / (t_draft + cost(N + 1)), and where no tree pays, plain AR steps instead.
+//
+// Why it cannot change the output: every tree, the root alone included, gives AR's tokens (DESIGN.md
+// §2); the choice moves only speed.
+// Why one draft serves every N: a tree's nodes are in pop order and its first N nodes are exactly the
+// budget-N tree (tree.h truncate_tree), so a round drafts once at the largest budget and keeps N.
+// Why every verified node teaches about every smaller tree: the target's choice at a node depends only
+// on that node's path (row invariance), so node i is on the accept path of the N-node truncation
+// (any N ≥ i) exactly when it is on this round's path. Hence E[τ(N)] = 1 + Σ_{i ≤ N} P(node i is on
+// the path), and each verified node is one sample of that probability at its surrogate score σ_i.
+//
+// The pieces: VerifyCost (the device's cost(rows), profiled at start-up and refined online),
+// AcceptanceModel (f(σ), learned online), plan_budget (the argmax, a pure function), and
+// BudgetController (one sequence's policy: which N, or AR steps with a doubling backoff and probes).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "decode/tree.h"
+
+namespace kd {
+
+// cost(rows): milliseconds of one target verify forward of `rows` rows (the root + N nodes) for one
+// sequence on this device. Linear between the given points, the last segment's slope beyond them,
+// then refined online: observe(rows, ms) moves that row count's entry a fifth of the way to the
+// measurement (noise averages out; a growing context is followed).
+class VerifyCost {
+ public:
+  VerifyCost() = default;
+  // points: (rows, ms), rows strictly ascending and ≥ 1, ms finite and > 0; the table holds rows
+  // 1 … max_rows (≥ 1). Throws naming the bad point.
+  VerifyCost(const std::vector<std::pair<int64_t, double>>& points, int64_t max_rows);
+  double ms(int64_t rows) const;  // rows in [1, max_rows]
+  void observe(int64_t rows, double ms);
+  int64_t max_rows() const { return int64_t(ms_.size()) - 1; }
+  const std::vector<double>& table() const { return ms_; }  // [max_rows + 1]; [0] unused
+
+ private:
+  std::vector<double> ms_;
+};
+
+// The device's costs, shared by every sequence of one engine: the verify curve and the drafter's
+// per-round cost (draft + tree build + the context it had to take in), an average of measured rounds.
+struct RoundCosts {
+  VerifyCost verify;
+  double draft_ms = 0;
+  bool draft_seen = false;
+  bool frozen = false;  // given by the caller (tests, what-if): measurements change nothing
+  void observe_verify(int64_t rows, double ms);
+  void observe_draft(double ms);
+};
+
+// f(σ) = P(a node of surrogate log-probability σ is on the accept path), in bins of σ a quarter nat
+// wide from 0 down to −10 (below: the last bin). Each bin holds decayed counts of verified nodes and
+// of those accepted, plus kPriorWeight pseudo-observations at the calibrated prior f = exp(σ):
+//   f(σ) = (accepted + w·exp(σ)) / (verified + w).
+// A drafter that is right as often as it claims keeps f ≈ exp(σ); a random one drives f to 0.
+class AcceptanceModel {
+ public:
+  static constexpr int kBins = 40;
+  static constexpr double kBinWidth = 0.25;    // nats
+  static constexpr double kPriorWeight = 2.0;  // pseudo-observations a bin
+  static constexpr double kDecay = 0.98;       // a round's weight a round later (half-life ≈ 34 rounds)
+  double f(double sigma) const;
+  // One verified round: nodes 1 … tree.size() − 1 of `tree` (as verified), `path` its accepted nodes
+  // (root first, ascending, as accept_walk returns them).
+  void observe(const DraftTree& tree, const std::vector<int32_t>& path);
+
+ private:
+  static int bin(double sigma);
+  std::array<double, kBins> accepted_{}, verified_{};
+};
+
+struct BudgetChoice {
+  int64_t nodes = 0;  // N, the nodes to verify (0: an AR step — the root alone, no drafter call)
+  double tokens = 1;  // E[τ(N)] = 1 + Σ_{i ≤ N} f_i: tokens the round is expected to commit
+  double ms = 0;      // its expected time: t_draft + cost(N + 1) (an AR step: cost(1))
+  double tokens_per_ms() const { return ms > 0 ? tokens / ms : 0; }
+};
+
+struct BudgetPlan {
+  BudgetChoice best;  // argmax over 1 ≤ N ≤ f.size() of E[τ(N)] / (t_draft + cost(N + 1)); the smallest N on ties
+  BudgetChoice ar;    // plain AR: one token in cost(1)
+  bool speculate() const { return best.tokens_per_ms() > ar.tokens_per_ms(); }
+};
+
+// f[i] = P(node i + 1 is on the accept path) for the nodes of one tree in pop order (f.size() ≥ 1,
+// f.size() + 1 ≤ cost.max_rows()).
+BudgetPlan plan_budget(const std::vector<double>& f, const VerifyCost& cost, double draft_ms);
+// Once the draft is paid and a token is worth `rate` tokens/ms elsewhere: argmax over 1 ≤ N of
+// E[τ(N)] − rate · cost(N + 1) — with rate = plan.best's own rate this is plan.best (a round at N
+// gains at most rate · t_draft over its time), with AR's rate it is the best tree for a probe.
+BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, double rate);
+
+// One sequence's --budget auto policy. Each round either drafts (at the largest budget; choose()
+// then says how many nodes to verify) or, while draft_now() is false, runs AR steps (ar_step()).
+// It speculates while the predicted rate of its rounds — the latest round's ratio to AR's 1/cost(1),
+// smoothed over consecutive drafted rounds — is at least AR's. Below it, the round still verifies its
+// best tree (the draft is paid, and its nodes are the data f learns from), then AR steps follow:
+// 1, 2, 4 … kMaxBackoff after consecutive poor probes, and never so few that a probe costs more
+// than kProbeShare of the AR time it waits for (a drafter as slow as 8 AR steps waits ~400); the
+// next drafted round is a probe, judged on its own prediction.
+class BudgetController {
+ public:
+  static constexpr int64_t kMaxBackoff = 64;
+  static constexpr double kProbeShare = 0.02;
+  static constexpr int64_t kMaxWait = 1 << 16;
+  static constexpr double kSmoothing = 0.3;  // weight of the newest round in the smoothed ratio
+
+  explicit BudgetController(int64_t max_nodes);
+  bool draft_now() const { return ar_left_ == 0; }
+  BudgetChoice ar_step(const RoundCosts& costs);  // an AR step instead of a round
+  // After drafting `tree` (at the largest budget; its draft already measured into costs): the nodes
+  // to verify (≥ 1 when the tree has any).
+  BudgetChoice choose(const DraftTree& tree, const RoundCosts& costs);
+  // The verified round (tree as verified, path accepted); only rounds whose walk left the tree.
+  void observe(const DraftTree& verified, const std::vector<int32_t>& path) { acc_.observe(verified, path); }
+  const AcceptanceModel& acceptance() const { return acc_; }
+  int64_t ar_left() const { return ar_left_; }
+
+ private:
+  AcceptanceModel acc_;
+  int64_t max_nodes_ = 0, ar_left_ = 0, fails_ = 0;
+  double ratio_ = 0;
+  bool speculating_ = false;
+};
+
+// The start-up micro-profile: time_forward(rows) runs one verify forward of `rows` rows for one
+// sequence and returns its milliseconds. Rows 1, 2, 3, 5, 9, 17, 33, 65 … within max_rows, and
+// max_rows itself: one untimed pass (caches; a GPU's graphs are captured on a shape's second use,
+// which the median then drops), then up to 3 timed passes while the whole stays under budget_s
+// (at least one); the median of each row count.
+VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows,
+                               double budget_s = 2.0);
+
+}  // namespace kd
