@@ -12,9 +12,9 @@ namespace {
 
 // "auto" (where allowed) or a whole number of int64, else a usage error naming the value; the range
 // is checked later with the messages every budget flag shares.
-CLI::Validator nodes_flag(bool allow_auto) {
+CLI::Validator nodes_flag(bool allow_auto, bool range) {
   return CLI::Validator(
-      [allow_auto](std::string& s) -> std::string {
+      [allow_auto, range](std::string& s) -> std::string {
         if (allow_auto && s == "auto") return {};
         int64_t v = 0;
         const char* end = s.data() + s.size();
@@ -22,6 +22,8 @@ CLI::Validator nodes_flag(bool allow_auto) {
         const std::string want = allow_auto ? "auto or a whole number of tree nodes" : "a whole number of tree nodes";
         if (ec == std::errc::result_out_of_range) return "'" + s + "' is out of range: expected " + want;
         if (ec != std::errc() || p != end || s.empty()) return "'" + s + "' is not " + want;
+        if (range && (v < 1 || v > kMaxTreeBudget))
+          return "'" + s + "' is outside [1, " + std::to_string(kMaxTreeBudget) + "] tree nodes (memory and time grow with budget²)";
         s = std::to_string(v);
         return {};
       },
@@ -39,7 +41,7 @@ void check_nodes(const char* flag, int64_t n) {
 
 }  // namespace
 
-void add_budget_flags(CLI::App* c, BudgetFlags& b) {
+void add_budget_flags(CLI::App* c, BudgetFlags& b, bool range_is_usage_error) {
   c->add_option("--budget", b.budget,
                 cat("DDTree tree nodes per round, root excluded, or auto (the default for --spec ddtree): each round "
                     "drafts one tree of --budget-max nodes and verifies its first N, the N that maximises expected "
@@ -47,11 +49,11 @@ void add_budget_flags(CLI::App* c, BudgetFlags& b) {
                     "acceptance seen so far — or runs plain AR steps while no tree pays (a poor drafter, prose, "
                     "T > 0). The output is the same either way. With --spec dflash, auto picks how much of the chain "
                     "to verify, or AR steps (default there: the whole chain). At most ", kMaxTreeBudget))
-      ->transform(nodes_flag(true));
+      ->transform(nodes_flag(true, range_is_usage_error));
   c->add_option("--budget-max", b.budget_max,
                 cat("With --budget auto (ddtree): the largest tree it drafts and may verify (default ", kDefaultBudgetMax,
                     ", at most ", kMaxTreeBudget, ")"))
-      ->transform(nodes_flag(false));
+      ->transform(nodes_flag(false, range_is_usage_error));
 }
 
 void check_budget_flags(const BudgetFlags& b, const std::string& mode) {

@@ -20,8 +20,9 @@ struct BudgetFlags {
   std::string budget_max;  // "" (not given) or a whole number (checked by the parser)
 };
 
-// Declares both flags on subcommand c (`what`: the command, for the help text).
-void add_budget_flags(CLI::App* c, BudgetFlags& b);
+// Declares both flags on subcommand c. range_is_usage_error: a number outside [1, kMaxTreeBudget] is a
+// usage error (exit 2, serve's contract) rather than check_budget_flags' error naming the cap (run's).
+void add_budget_flags(CLI::App* c, BudgetFlags& b, bool range_is_usage_error = false);
 // Checks the flags for decoder `mode` ("ddtree", "dflash", or "" / "ar": none) before anything
 // loads; throws kd::Error naming the flag. ddtree's default is auto (at most kDefaultBudgetMax
 // nodes), dflash's the fixed whole chain (--budget auto: the chain's best prefix or AR steps).

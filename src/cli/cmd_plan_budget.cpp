@@ -8,6 +8,7 @@
 // acceptance is exactly exp(σ) — its surrogate probability — which is what the chooser's f converges
 // to for such a drafter.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -80,7 +81,7 @@ int cmd_plan_budget(const PlanBudgetOptions& o) {
   const std::vector<std::pair<int64_t, double>> pts = parse_points(o.verify_ms);
   const int64_t L = o.block_size - 1, V = o.vocab, budget = o.budget_max;
   if (int64_t(profile.size()) >= V) fail("--profile: more ranks than the vocabulary");
-  const VerifyCost cost(pts, std::max(budget, L) + 1);
+  const VerifyCost cost(pts, std::max({budget + 1, L + 1, pts.back().first}));
   // Calibrated draft logits: rank r carries p_r, the remaining mass is spread evenly.
   double rest = 1;
   for (double p : profile) rest -= p;

@@ -33,7 +33,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
                 "advance and only work with `kdtree run`");
   c->add_option("--spec", o.spec, "With --draft: ddtree (tree, default) or dflash (the drafter's top-1 chain)")
       ->check(CLI::IsMember({"ddtree", "dflash"}));
-  add_budget_flags(c, o.budget);  // --budget N|auto, --budget-max (auto: decided per sequence, cli/budget_flags.h)
+  add_budget_flags(c, o.budget, /*range_is_usage_error=*/true);  // --budget N|auto, --budget-max (cli/budget_flags.h)
   c->add_option("--host", o.host, "Address to bind (default 127.0.0.1: local only; 0.0.0.0 exposes the server)");
   c->add_option("--port", o.port, "TCP port (default 8080; 0 picks a free one and logs it)")
       ->transform(whole_number(o.port))->check(CLI::Range(0, 65535));

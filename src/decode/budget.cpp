@@ -26,35 +26,58 @@ VerifyCost::VerifyCost(const std::vector<std::pair<int64_t, double>>& points, in
   if (points.empty()) fail("verify cost: no measured points");
   for (size_t i = 0; i < points.size(); ++i) {
     const auto [rows, ms] = points[i];
-    if (rows < 1 || !(std::isfinite(ms) && ms > 0))
-      fail("verify cost: point ", i, " (", rows, " rows, ", ms, " ms) needs rows ≥ 1 and a time > 0");
+    if (rows < 1 || rows > max_rows || !(std::isfinite(ms) && ms > 0))
+      fail("verify cost: point ", i, " (", rows, " rows, ", ms, " ms) needs rows in [1, ", max_rows, "] and a time > 0");
     if (i > 0 && rows <= points[i - 1].first) fail("verify cost: rows must ascend (", points[i - 1].first, " then ", rows, ")");
   }
-  ms_.assign(size_t(max_rows + 1), 0.0);
-  for (int64_t r = 1; r <= max_rows; ++r) {
-    // Below the first point its time (a forward costs no less for fewer rows than we saw); between
-    // two points linear; past the last, the last segment's slope, never below the last time.
-    double v = points[0].second;
-    if (points.size() > 1 && r > points[0].first) {
-      size_t j = 1;
-      while (j + 1 < points.size() && points[j].first < r) ++j;
-      const auto [r0, m0] = points[j - 1];
-      const auto [r1, m1] = points[j];
-      v = m0 + (m1 - m0) * double(r - r0) / double(r1 - r0);
-      if (r > r1) v = std::max(v, m1);
+  // Below the first point its time (a forward costs no less for fewer rows than we saw); past the
+  // last, the last segment's slope, never below the last time.
+  if (points.front().first > 1) knots_.push_back({1, points.front().second});
+  knots_.insert(knots_.end(), points.begin(), points.end());
+  if (points.back().first < max_rows) {
+    double v = points.back().second;
+    if (points.size() > 1) {
+      const auto [r0, m0] = points[points.size() - 2];
+      const auto [r1, m1] = points.back();
+      v = std::max(m1, m1 + (m1 - m0) * double(max_rows - r1) / double(r1 - r0));
     }
-    ms_[size_t(r)] = std::max(v, 1e-6);
+    knots_.push_back({max_rows, v});
   }
 }
 
-double VerifyCost::ms(int64_t rows) const {
+size_t VerifyCost::segment(int64_t rows, double* w) const {
   if (rows < 1 || rows > max_rows()) fail("verify cost: ", rows, " rows outside the table's 1 … ", max_rows());
-  return ms_[size_t(rows)];
+  if (knots_.size() == 1) {
+    *w = 0;
+    return 0;
+  }
+  size_t j = 1;
+  while (knots_[j].first < rows) ++j;  // knots_.back().first == max_rows ≥ rows
+  *w = double(rows - knots_[j - 1].first) / double(knots_[j].first - knots_[j - 1].first);
+  return j - 1;
+}
+
+double VerifyCost::ms(int64_t rows) const {
+  double w = 0;
+  const size_t j = segment(rows, &w);
+  return w == 0 ? knots_[j].second : (1 - w) * knots_[j].second + w * knots_[j + 1].second;
 }
 
 void VerifyCost::observe(int64_t rows, double ms) {
   if (rows < 1 || rows > max_rows() || !(std::isfinite(ms) && ms > 0)) return;
-  ms_[size_t(rows)] += kCostStep * (ms - ms_[size_t(rows)]);
+  double w = 0;
+  const size_t j = segment(rows, &w);
+  const double err = ms - this->ms(rows);
+  // The step on (1 − w, w) that removes kCostStep of the error: Δ = kCostStep · err / ((1 − w)² + w²).
+  const double step = kCostStep * err / ((1 - w) * (1 - w) + w * w);
+  knots_[j].second = std::max(1e-6, knots_[j].second + step * (1 - w));
+  if (w > 0) knots_[j + 1].second = std::max(1e-6, knots_[j + 1].second + step * w);
+}
+
+std::vector<double> VerifyCost::table() const {
+  std::vector<double> t;
+  for (int64_t r = 1; r <= max_rows(); ++r) t.push_back(ms(r));
+  return t;
 }
 
 void RoundCosts::observe_verify(int64_t rows, double ms) {
@@ -170,12 +193,22 @@ VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_f
   std::vector<int64_t> rows;
   for (int64_t r = 1; r <= max_rows; r = r == 1 ? 2 : 2 * r - 1) rows.push_back(r);  // 1, 2, 3, 5, 9, 17, 33, 65 …
   if (rows.back() != max_rows) rows.push_back(max_rows);
+  constexpr size_t kMinRuns = 3, kMaxRuns = 9;
+  constexpr double kCheapMs = 25;
   const double t0 = now_s();
   for (int64_t r : rows) time_forward(r);  // untimed: caches, buffers, graph capture
   std::vector<std::vector<double>> runs(rows.size());
-  for (int pass = 0; pass < 3; ++pass) {
+  std::vector<double> spent(rows.size(), 0.0);
+  for (size_t pass = 0; pass < kMaxRuns; ++pass) {
     if (pass > 0 && now_s() - t0 > budget_s) break;
-    for (size_t i = 0; i < rows.size(); ++i) runs[i].push_back(time_forward(rows[i]));
+    bool any = false;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (runs[i].size() >= kMinRuns && spent[i] >= kCheapMs) continue;
+      runs[i].push_back(time_forward(rows[i]));
+      spent[i] += runs[i].back();
+      any = true;
+    }
+    if (!any) break;
   }
   std::vector<std::pair<int64_t, double>> points;
   for (size_t i = 0; i < rows.size(); ++i) points.push_back({rows[i], std::max(median(runs[i]), 1e-6)});

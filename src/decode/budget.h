@@ -25,22 +25,27 @@
 namespace kd {
 
 // cost(rows): milliseconds of one target verify forward of `rows` rows (the root + N nodes) for one
-// sequence on this device. Linear between the given points, the last segment's slope beyond them,
-// then refined online: observe(rows, ms) moves that row count's entry a fifth of the way to the
-// measurement (noise averages out; a growing context is followed).
+// sequence on this device: piecewise linear through knots — the given points, plus rows 1 and
+// max_rows at the first point's time and the last segment's slope (never below the last time).
+// observe(rows, ms) refines it online: one gradient step on the squared error of that prediction,
+// shared by the two knots around `rows` in proportion to their interpolation weights, a fifth of the
+// error in all. So a round of any size moves the curve near it (noise averages out, a growing
+// context or a busier machine is followed) while the shape between knots stays the profile's.
 class VerifyCost {
  public:
   VerifyCost() = default;
-  // points: (rows, ms), rows strictly ascending and ≥ 1, ms finite and > 0; the table holds rows
-  // 1 … max_rows (≥ 1). Throws naming the bad point.
+  // points: (rows, ms), rows strictly ascending in [1, max_rows], ms finite and > 0; the table covers
+  // rows 1 … max_rows (≥ 1). Throws naming the bad point.
   VerifyCost(const std::vector<std::pair<int64_t, double>>& points, int64_t max_rows);
   double ms(int64_t rows) const;  // rows in [1, max_rows]
   void observe(int64_t rows, double ms);
-  int64_t max_rows() const { return int64_t(ms_.size()) - 1; }
-  const std::vector<double>& table() const { return ms_; }  // [max_rows + 1]; [0] unused
+  int64_t max_rows() const { return knots_.empty() ? 0 : knots_.back().first; }
+  std::vector<double> table() const;  // [max_rows]: ms(1) … ms(max_rows)
 
  private:
-  std::vector<double> ms_;
+  // The knots (rows, ms) around `rows` and the second one's weight in the interpolation.
+  size_t segment(int64_t rows, double* w) const;
+  std::vector<std::pair<int64_t, double>> knots_;
 };
 
 // The device's costs, shared by every sequence of one engine: the verify curve and the drafter's
@@ -131,9 +136,10 @@ class BudgetController {
 
 // The start-up micro-profile: time_forward(rows) runs one verify forward of `rows` rows for one
 // sequence and returns its milliseconds. Rows 1, 2, 3, 5, 9, 17, 33, 65 … within max_rows, and
-// max_rows itself: one untimed pass (caches; a GPU's graphs are captured on a shape's second use,
-// which the median then drops), then up to 3 timed passes while the whole stays under budget_s
-// (at least one); the median of each row count.
+// max_rows itself: one untimed pass (caches; a GPU's graphs are captured on a shape's second use),
+// then timed passes while the whole stays under budget_s — each row count at least 3 times and, while
+// it has cost under 25 ms so far, up to 9 (cheap shapes get more samples: a noisy cost(1), the AR
+// baseline, would mislead every decision) — and the median of each.
 VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows,
                                double budget_s = 2.0);
 

@@ -147,7 +147,7 @@ Engine::Impl::Impl(const Target& t, EngineOptions o)
 void Engine::Impl::init_costs() {
   const int64_t max_rows = max_nodes + 1;
   if (!opt.spec.fixed_verify_ms.empty()) {
-    costs.verify = VerifyCost(opt.spec.fixed_verify_ms, max_rows);
+    costs.verify = VerifyCost(opt.spec.fixed_verify_ms, std::max(max_rows, opt.spec.fixed_verify_ms.back().first));
     costs.draft_ms = std::max(0.0, opt.spec.fixed_draft_ms);
     costs.draft_seen = costs.frozen = true;
     return;
@@ -175,10 +175,12 @@ void Engine::Impl::init_costs() {
     ForwardArgs& a = f.args;
     a.ids = ids.data();
     a.n = n;
-    a.positions = pos.data();
-    a.visibility = vis.data();
     a.form = AttnForm::absorbed;
-    a.all_logits = true;
+    if (n > 1) {  // one row: the AR step's form (causal; the fallback runs exactly that)
+      a.positions = pos.data();
+      a.visibility = vis.data();
+      a.all_logits = true;
+    }
     if (target.device_argmax()) {
       am_ids.resize(size_t(n));
       am_vals.resize(size_t(n));
@@ -356,8 +358,9 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     if (L < 1) fail("internal: no draft position left at ", start);
     s.step_ar = s.budget && !s.budget->draft_now();
     if (s.step_ar) {
-      // --budget auto's fallback: an AR step as a round of the root alone — no drafter call; the
-      // row's taps still reach the drafter (post_kv), so a later round drafts with full context.
+      // --budget auto's fallback: an AR step as a round of the root alone — no drafter call, the
+      // forward the AR decode step's; the row's taps still reach the drafter (post_kv), so a later
+      // round drafts with full context.
       s.step_choice = s.budget->ar_step(costs);
       s.round = std::make_unique<DraftRound>(make_round(root_tree(L), s.next, start));
     } else {
@@ -394,10 +397,14 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     }
     s.step_rows = s.round->tree.size();
     a.ids = s.round->tree.tokens.data();
-    a.positions = s.round->positions.data();
-    a.visibility = s.round->visibility.data();
-    a.form = AttnForm::absorbed;
-    a.all_logits = true;
+    if (s.step_ar) {
+      a.form = s.req.gen.decode_form;  // exactly the AR decode step (one causal row), taps added
+    } else {
+      a.positions = s.round->positions.data();
+      a.visibility = s.round->visibility.data();
+      a.form = AttnForm::absorbed;
+      a.all_logits = true;
+    }
   } else {
     s.step_rows = 1;
     a.ids = &s.next;

@@ -43,6 +43,8 @@ struct EngineOptions {
   // Speculative decoding: one drafter per running sequence (drafters keep per-sequence context).
   // Empty → plain autoregressive decoding.
   std::function<std::unique_ptr<Drafter>()> make_drafter;
+  // spec.auto_budget (--budget auto, decode/budget.h): each sequence picks its tree size every round,
+  // or AR steps; the verify cost is profiled here at construction (about a second) unless given.
   SpecOptions spec;
 };
 

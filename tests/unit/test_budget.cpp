@@ -89,9 +89,18 @@ TEST(AutoBudget, VerifyCostInterpolatesExtrapolatesAndRefines) {
   EXPECT_DOUBLE_EQ(c.ms(5), 10.0);
   EXPECT_DOUBLE_EQ(c.ms(7), 16.0);  // the last segment's slope, 3 ms a row
   EXPECT_THROW(c.ms(9), Error);
-  c.observe(4, 17.0);  // a fifth of the way
+  // A measurement between knots 3 and 5 (weights ½, ½) moves both: a fifth of the 10 ms error at 4.
+  c.observe(4, 17.0);
   EXPECT_DOUBLE_EQ(c.ms(4), 9.0);
-  EXPECT_DOUBLE_EQ(c.ms(3), 4.0);
+  EXPECT_DOUBLE_EQ(c.ms(3), 6.0);
+  EXPECT_DOUBLE_EQ(c.ms(5), 12.0);
+  EXPECT_DOUBLE_EQ(c.ms(1), 2.0);  // far knots stay
+  // At a knot only that knot moves; repeated measurements converge on them.
+  for (int i = 0; i < 200; ++i) c.observe(1, 1.0);
+  EXPECT_NEAR(c.ms(1), 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c.ms(3), 6.0);
+  for (int i = 0; i < 200; ++i) c.observe(7, 30.0);
+  EXPECT_NEAR(c.ms(7), 30.0, 1e-9);
   VerifyCost below({{4, 5.0}, {8, 9.0}}, 12);
   EXPECT_DOUBLE_EQ(below.ms(1), 5.0);
   EXPECT_DOUBLE_EQ(below.ms(12), 13.0);
