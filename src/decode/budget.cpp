@@ -163,29 +163,61 @@ BudgetChoice BudgetController::ar_step(const RoundCosts& costs) {
   return {0, 1.0, costs.verify.ms(1)};
 }
 
-BudgetChoice BudgetController::choose(const DraftTree& tree, const RoundCosts& costs) {
-  const int64_t n = std::min({tree.size() - 1, max_nodes_, costs.verify.max_rows() - 1});
-  if (n < 1) return {0, 1.0, costs.verify.ms(1)};  // nothing drafted: the root alone
-  std::vector<double> f(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) f[size_t(i)] = acc_.f(tree.scores[size_t(i + 1)]);
-  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms);
+std::vector<double> BudgetController::node_f() const {
+  std::vector<double> f(scores_.size());
+  for (size_t i = 0; i < scores_.size(); ++i) f[i] = acc_.f(scores_[i]);
+  return f;
+}
+
+bool BudgetController::judge(const BudgetPlan& plan, bool recheck) {
   const double ratio = plan.best.tokens_per_ms() / plan.ar.tokens_per_ms();
-  ratio_ = speculating_ ? ratio_ + kSmoothing * (ratio - ratio_) : ratio;  // a probe is judged on its own
+  // A new round joins the smoothed ratio (a probe is judged on its own); a re-check replaces its
+  // round's share.
+  if (!recheck) {
+    ratio_before_ = ratio_;
+    smoothed_before_ = speculating_;
+  }
+  ratio_ = smoothed_before_ ? ratio_before_ + kSmoothing * (ratio - ratio_before_) : ratio;
   if (ratio_ >= 1.0) {
     speculating_ = true;
     fails_ = 0;
-    return plan.best;
+    return true;
   }
   speculating_ = false;
   ++fails_;
+  return false;
+}
+
+BudgetChoice BudgetController::back_off(const std::vector<double>& f, const RoundCosts& costs, const BudgetPlan& plan) {
   const BudgetChoice probe = best_at_rate(f, costs.verify, costs.draft_ms, plan.ar.tokens_per_ms());
-  // What this round costs beyond the AR steps that would have committed its expected tokens; the
+  // What such a round costs beyond the AR steps that would have committed its expected tokens; the
   // wait makes probes at most kProbeShare of the time spent waiting.
   const double loss_ms = std::max(0.0, probe.ms - probe.tokens * plan.ar.ms);
   const double floor_steps = std::ceil(loss_ms / (kProbeShare * plan.ar.ms));
   const int64_t doubling = fails_ > 7 ? kMaxBackoff : std::min<int64_t>(int64_t(1) << (fails_ - 1), kMaxBackoff);
   ar_left_ = std::max<int64_t>(doubling, int64_t(std::min<double>(floor_steps, double(kMaxWait))));
   return probe;
+}
+
+BudgetChoice BudgetController::choose(const DraftTree& tree, const RoundCosts& costs) {
+  const int64_t n = std::min({tree.size() - 1, max_nodes_, costs.verify.max_rows() - 1});
+  scores_.assign(tree.scores.begin() + 1, tree.scores.begin() + 1 + std::max<int64_t>(n, 0));
+  if (n < 1) return {0, 1.0, costs.verify.ms(1)};  // nothing drafted: the root alone
+  const std::vector<double> f = node_f();
+  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms);
+  if (judge(plan, false)) return plan.best;
+  return back_off(f, costs, plan);
+}
+
+void BudgetController::observe(const DraftTree& verified, const std::vector<int32_t>& path, const RoundCosts& costs) {
+  acc_.observe(verified, path);
+  // The round's own check, with what it just taught: would its tree still look worth drafting? A
+  // drafter that only looked good (the prior trusts its confidence) is caught after one round
+  // instead of as many rounds as its pseudo-counts take to wear off.
+  if (!speculating_ || scores_.empty()) return;
+  const std::vector<double> f = node_f();
+  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms);
+  if (!judge(plan, true)) back_off(f, costs, plan);
 }
 
 VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows, double budget_s) {

@@ -108,7 +108,9 @@ BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, 
 // best tree (the draft is paid, and its nodes are the data f learns from), then AR steps follow:
 // 1, 2, 4 … kMaxBackoff after consecutive poor probes, and never so few that a probe costs more
 // than kProbeShare of the AR time it waits for (a drafter as slow as 8 AR steps waits ~400); the
-// next drafted round is a probe, judged on its own prediction.
+// next drafted round is a probe, judged on its own prediction. After a round that speculated, its
+// tree is judged again with the acceptance it has just learned (observe()), so a drafter that only
+// looked good costs one round, not as many as the prior's pseudo-counts would.
 class BudgetController {
  public:
   static constexpr int64_t kMaxBackoff = 64;
@@ -123,15 +125,20 @@ class BudgetController {
   // to verify (≥ 1 when the tree has any).
   BudgetChoice choose(const DraftTree& tree, const RoundCosts& costs);
   // The verified round (tree as verified, path accepted); only rounds whose walk left the tree.
-  void observe(const DraftTree& verified, const std::vector<int32_t>& path) { acc_.observe(verified, path); }
+  void observe(const DraftTree& verified, const std::vector<int32_t>& path, const RoundCosts& costs);
   const AcceptanceModel& acceptance() const { return acc_; }
   int64_t ar_left() const { return ar_left_; }
 
  private:
+  std::vector<double> node_f() const;          // f of the last drafted tree's nodes
+  bool judge(const BudgetPlan& plan, bool recheck);  // updates the smoothed ratio; true: speculate
+  BudgetChoice back_off(const std::vector<double>& f, const RoundCosts& costs, const BudgetPlan& plan);
+
   AcceptanceModel acc_;
+  std::vector<double> scores_;  // σ of the last drafted tree's nodes (up to the largest budget)
   int64_t max_nodes_ = 0, ar_left_ = 0, fails_ = 0;
-  double ratio_ = 0;
-  bool speculating_ = false;
+  double ratio_ = 0, ratio_before_ = 0;  // the smoothed ratio, and before the last drafted round
+  bool speculating_ = false, smoothed_before_ = false;
 };
 
 // The start-up micro-profile: time_forward(rows) runs one verify forward of `rows` rows for one

@@ -369,6 +369,7 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
       const double t0 = now_s();
       const int64_t caught_up = s.pending_rows;
       flush_context(s);
+      const double flush_ms = (now_s() - t0) * 1e3;
       // Under a grammar, a node is kept only if its path is a prefix the grammar allows: each node's
       // matcher state is its parent's advanced by its token (nodes arrive in index order).
       NodeFilter filter;
@@ -387,9 +388,10 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
       const double draft_ms = (now_s() - t0) * 1e3;
       s.stats.draft_ms += draft_ms;
       if (s.budget) {
-        // A round's draft cost includes the context it takes in; a catch-up after AR steps is not a
-        // round's worth and would inflate it.
-        if (caught_up <= draft_block) costs.observe_draft(draft_ms);
+        // A round's draft cost includes the context it takes in — a round's worth (≤ block rows): a
+        // catch-up after AR steps counts at that share.
+        const double share = caught_up > draft_block ? double(draft_block) / double(caught_up) : 1.0;
+        costs.observe_draft(draft_ms - flush_ms * (1 - share));
         s.step_choice = s.budget->choose(tree, costs);
         tree = truncate_tree(tree, s.step_choice.nodes);
       }
@@ -551,7 +553,7 @@ void Engine::Impl::post_sample(EngineSeq& s) {
     s.stats.predicted_tokens += s.step_choice.tokens;
     s.stats.predicted_ms += s.step_choice.ms;
     // Only a walk that left the tree knows every verified node's fate (emit may stop it inside).
-    if (s.ev.finish_reason.empty()) s.budget->observe(tree, s.path);
+    if (s.ev.finish_reason.empty() && !s.step_ar) s.budget->observe(tree, s.path, costs);
   }
   std::lock_guard<std::mutex> lk(mu);
   ++m.spec_rounds;

@@ -218,7 +218,7 @@ TEST(AutoBudget, ControllerBacksOffDoublingAndProbes) {
     wait = 0;
     const BudgetChoice b = c.choose(bad, costs);
     EXPECT_EQ(b.nodes, 1) << "a poor round still verifies its best tree (here one node)";
-    c.observe(truncate_tree(bad, b.nodes), {0});
+    c.observe(truncate_tree(bad, b.nodes), {0}, costs);
   }
   ASSERT_GE(waits.size(), 9u);
   const std::vector<int64_t> want = {3, 3, 4, 8, 16, 32, 64, 64, 64};
@@ -233,6 +233,32 @@ TEST(AutoBudget, ControllerBacksOffDoublingAndProbes) {
   // One poor round among good ones does not stop speculation (the ratio is smoothed).
   EXPECT_GE(c.choose(bad, costs).nodes, 1);
   EXPECT_TRUE(c.draft_now());
+}
+
+// A drafter that claims confidence it does not have (σ ≈ 0, never right): the prior believes it for
+// one round; the round's own re-check with what it learned stops the next draft.
+TEST(AutoBudget, OverconfidentDrafterCostsOneRound) {
+  RoundCosts costs;
+  costs.verify = VerifyCost({{1, 1.0}, {2, 1.2}, {9, 3.0}, {65, 20.0}}, 65);
+  costs.draft_ms = 0.5;
+  costs.draft_seen = costs.frozen = true;
+  DraftTree t = root_tree(7);
+  for (int32_t d = 1; d <= 7; ++d) {
+    t.tokens.push_back(d);
+    t.depths.push_back(d);
+    t.parents.push_back(d - 1);
+    t.ranks.push_back(0);
+    t.scores.push_back(-0.01 * d);
+    t.children.emplace_back();
+    t.children[size_t(d - 1)].push_back(d);
+  }
+  BudgetController c(64);
+  const BudgetChoice first = c.choose(t, costs);
+  EXPECT_EQ(first.nodes, 7) << "the prior f = exp(σ) ≈ 1 says the whole chain";
+  EXPECT_TRUE(c.draft_now());
+  // Nothing accepted: f(σ ≈ 0) drops to 2·0.99 / 9 ≈ 0.22, and the best tree now runs at ~0.8× AR.
+  c.observe(truncate_tree(t, first.nodes), {0}, costs);
+  EXPECT_FALSE(c.draft_now()) << "the re-check after one round falls back";
 }
 
 // --- in the engine -----------------------------------------------------------------------------
