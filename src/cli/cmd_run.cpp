@@ -60,10 +60,7 @@ void add_run(CLI::App& app, RunOptions& o) {
                 "knows the target's continuation (it runs AR first) and ranks the true token r-th with the given "
                 "probabilities, e.g. synthetic:0.7,0.2 or synthetic:oracle; for measurement only");
   add_draft_yarn_flag(c, o.draft_yarn_legacy_mscale);
-  c->add_option("--budget", o.budget,
-                cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ", kMaxTreeBudget,
-                    ": verify memory and time grow with budget², and gains flatten long before)"))
-      ->transform(whole_number(o.budget));
+  add_budget_flags(c, o.budget);
   o.block_size = 0;  // 0: not given; a synthetic drafter then uses kDefaultSyntheticBlock
   c->add_option("--block-size", o.block_size,
                 cat("Block size of a synthetic drafter (default ", kDefaultSyntheticBlock,
@@ -122,15 +119,11 @@ int cmd_run(const RunOptions& o) {
   if (spec && o.draft.empty())
     fail("--spec ", o.spec, " needs --draft DIR (a DFlash drafter) or --draft synthetic:PROFILE (e.g. synthetic:oracle)");
   if (!spec && !o.draft.empty()) fail("--draft only applies to --spec ddtree or dflash");
-  if (o.budget != 0 && o.spec != "ddtree") fail("--budget only applies to --spec ddtree");
+  check_budget_flags(o.budget, o.spec);
   if (o.json_rounds == "full" && (!spec || !o.json)) fail("--json-rounds full needs --json and --spec ddtree or dflash");
   const bool synthetic = spec && o.draft.rfind("synthetic:", 0) == 0;
   if (o.draft_yarn_legacy_mscale && (!spec || synthetic))
     fail("--draft-yarn-legacy-mscale only applies to a DFlash drafter (--spec ddtree/dflash --draft DIR)");
-  if (o.budget < 0) fail("--budget must be at least 1 (got ", o.budget, ")");
-  if (o.budget > kMaxTreeBudget)
-    fail("--budget ", o.budget, " is more than ", kMaxTreeBudget, " tree nodes: verify memory and time grow with budget² "
-         "(the tree's ancestor mask and attention rows), and acceptance stops improving long before; try 16–256");
   if (o.block_size != 0 && !spec) fail("--block-size only applies to --spec ddtree or dflash");
   if (o.block_size != 0 && !synthetic) {
     // A DFlash drafter was trained for one block size: refuse a different one rather than ignore it.
@@ -240,11 +233,10 @@ int cmd_run(const RunOptions& o) {
   };
   GenerateResult r;
   SpecStats st;
+  SpecOptions so;
+  apply_budget_flags(o.budget, o.spec, so);
+  so.record_trees = o.json_rounds == "full";
   if (spec) {
-    SpecOptions so;
-    so.chain = o.spec == "dflash";
-    so.budget = o.budget > 0 ? o.budget : drafter->block_size() - 1;
-    so.record_trees = o.json_rounds == "full";
     SpecResult sr = generate_ddtree(target, *drafter, prompt, g, so, on_token);
     r = std::move(sr.gen);
     st = std::move(sr.stats);
@@ -295,9 +287,9 @@ int cmd_run(const RunOptions& o) {
                    {"rounds", st.rounds}, {"target_forwards", st.target_forwards},
                    {"mean_accepted_length", st.mean_tau()}, {"tau_histogram", st.tau_histogram},
                    {"drafted", st.drafted}, {"accepted", st.accepted},
-                   {"budget", o.spec == "ddtree" ? nlohmann::ordered_json(o.budget > 0 ? o.budget : drafter->block_size() - 1)
-                                                 : nlohmann::ordered_json(nullptr)},
+                   {"budget", budget_field(o.spec, so)},
                    {"draft_ms", st.draft_ms}, {"verify_ms", st.verify_ms}, {"round_tau", st.round_tau}};
+      j["spec"].update(budget_report_json(so, st));
       if (o.json_rounds == "full") {
         nlohmann::ordered_json rounds = nlohmann::ordered_json::array();
         for (const SpecRoundTree& t : st.round_trees)
@@ -326,6 +318,7 @@ int cmd_run(const RunOptions& o) {
       std::string hist;
       for (size_t t = 1; t < st.tau_histogram.size(); ++t) hist += cat(t > 1 ? " " : "", "τ", t, ":", st.tau_histogram[t]);
       std::fprintf(stderr, "τ histogram  = %s\n", hist.c_str());
+      print_budget_report(stderr, so, st);
     }
     std::fprintf(stderr, "finish       = %s\n", r.finish_reason.c_str());
   }

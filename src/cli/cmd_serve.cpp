@@ -34,10 +34,7 @@ void add_serve(CLI::App& app, ServeOptions& o) {
   c->add_option("--spec", o.spec, "With --draft: ddtree (tree, default) or dflash (the drafter's top-1 chain)")
       ->check(CLI::IsMember({"ddtree", "dflash"}));
   add_draft_yarn_flag(c, o.draft_yarn_legacy_mscale);
-  c->add_option("--budget", o.budget, cat("DDTree tree nodes per round, root excluded (default: block size − 1; at most ",
-                                          kMaxTreeBudget, ": verify memory and time grow with budget²)"))
-      ->transform(whole_number(o.budget))
-      ->check(CLI::Range(int64_t(1), kMaxTreeBudget));
+  add_budget_flags(c, o.budget, /*range_is_usage_error=*/true);  // --budget N|auto, --budget-max (cli/budget_flags.h)
   c->add_option("--host", o.host, "Address to bind (default 127.0.0.1: local only; 0.0.0.0 exposes the server)");
   c->add_option("--port", o.port, "TCP port (default 8080; 0 picks a free one and logs it)")
       ->transform(whole_number(o.port))->check(CLI::Range(0, 65535));
@@ -116,9 +113,11 @@ int cmd_serve(const ServeOptions& o) {
   if (o.draft.rfind("synthetic:", 0) == 0)
     fail("--draft ", o.draft, ": a synthetic drafter must know each answer in advance, which a server cannot; "
                              "use a DFlash drafter directory (or `kdtree run --draft synthetic:...`)");
-  if (o.draft.empty() && (!o.spec.empty() || o.budget > 0)) fail("--spec and --budget need --draft DIR");
+  if (o.draft.empty() && (!o.spec.empty() || !o.budget.budget.empty() || !o.budget.budget_max.empty()))
+    fail("--spec, --budget and --budget-max need --draft DIR");
+  const std::string spec_mode = o.draft.empty() ? "" : o.spec.empty() ? "ddtree" : o.spec;
+  check_budget_flags(o.budget, spec_mode);
   if (o.draft.empty() && o.draft_yarn_legacy_mscale) fail("--draft-yarn-legacy-mscale needs --draft DIR (a DFlash drafter)");
-  if (o.spec == "dflash" && o.budget > 0) fail("--budget only applies to --spec ddtree");
   if (!std::filesystem::is_directory(o.model)) fail(o.model, ": not a directory (expected a checkpoint directory)");
   // A bad --tp fails here, not after the port opens (the checkpoint itself is read by the loader).
   if (o.tp.tp > 1 || !o.tp.devices.empty()) check_tp_flags(o.tp, cuda, load_checkpoint_config(o.model));
@@ -193,8 +192,7 @@ int cmd_serve(const ServeOptions& o) {
         dopt.yarn_legacy_mscale = o.draft_yarn_legacy_mscale;
         LoadedTarget::Drafters d = lt->dflash_drafters(o.draft, std::min(eo.context, target.max_context()), dopt);
         eo.make_drafter = std::move(d.make);
-        eo.spec.chain = o.spec == "dflash";
-        eo.spec.budget = o.budget > 0 ? o.budget : d.first->block_size() - 1;
+        apply_budget_flags(o.budget, spec_mode, eo.spec);
       }
       ServedModel sm;
       sm.name = o.alias.empty() ? std::filesystem::path(o.model).lexically_normal().filename().string() : o.alias;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/budget_flags.h"      // --budget N|auto, --budget-max
 #include "cli/quality_commands.h"  // quantize, ppl (issue 19)
 #include "model/make_model.h"
 
@@ -23,7 +24,8 @@ struct RunOptions {
   std::string model, prompt, prompt_ids, chat, system, thinking, spec = "ar", draft, device = "cpu", dump_logits,
       decode_attn = "absorbed", chat_template, json_rounds = "tau";
   bool parse_special = false;
-  int64_t n_predict = 32, ctx_size = 0, budget = 0, block_size = 8;
+  int64_t n_predict = 32, ctx_size = 0, block_size = 8;
+  BudgetFlags budget;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int32_t top_k = 0;
   uint64_t seed = 0;
@@ -69,6 +71,16 @@ struct TreeOptions {
 void add_tree(CLI::App& app, TreeOptions& o);
 int cmd_tree(const TreeOptions& o);
 
+// `kdtree plan-budget` (cmd_plan_budget.cpp): --budget auto's choice for a stated cost curve and acceptance.
+struct PlanBudgetOptions {
+  std::string verify_ms, profile;
+  int64_t block_size = 8, budget_max = kDefaultBudgetMax, vocab = 163840;
+  std::vector<double> draft_ms;
+  bool json = false;
+};
+void add_plan_budget(CLI::App& app, PlanBudgetOptions& o);
+int cmd_plan_budget(const PlanBudgetOptions& o);
+
 struct TokenizeOptions {
   std::string model, file;
   std::optional<std::string> text;  // set (possibly empty) when --text is given
@@ -87,7 +99,8 @@ int cmd_chat_template(const ChatTemplateOptions& o);
 struct ServeOptions {
   std::string model, alias, draft, spec, host = "127.0.0.1", api_key, device = "cpu";
   int port = 8080;
-  int64_t parallel = 4, ctx_size = 4096, kv_tokens = 0, kv_block = 16, prefill_chunk = 256, max_queue = 64, budget = 0;
+  int64_t parallel = 4, ctx_size = 4096, kv_tokens = 0, kv_block = 16, prefill_chunk = 256, max_queue = 64;
+  BudgetFlags budget;
   int64_t timeout_s = 60, idle_timeout_s = 5, header_timeout_s = 30, max_body_mb = 16, max_header_kb = 64;
   int64_t shutdown_grace_s = 5;
   int threads_http = 0, max_connections = 1024;

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   kd::MakeModelOptions make;
   kd::cli::BenchOptions bench;
   kd::cli::TreeOptions tree;
+  kd::cli::PlanBudgetOptions plan_budget;
   kd::cli::TokenizeOptions tokenize;
   kd::cli::ChatTemplateOptions chat_template;
   kd::cli::ServeOptions serve;
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   kd::cli::add_make_model(app, make);
   kd::cli::add_bench(app, bench);
   kd::cli::add_tree(app, tree);
+  kd::cli::add_plan_budget(app, plan_budget);
   kd::cli::add_tokenize(app, tokenize);
   kd::cli::add_chat_template(app, chat_template);
   kd::cli::add_serve(app, serve);
@@ -52,7 +54,7 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, tokenize, chat-template, serve, quantize, ppl; see kdtree --help)\n", argv[1]);
+      std::fprintf(stderr, "error: unknown command '%s' (commands: run, inspect, make-model, bench, tree, plan-budget, tokenize, chat-template, serve, quantize, ppl; see kdtree --help)\n", argv[1]);
       return 2;
     }
   }
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("make-model")) return kd::cli::cmd_make_model(make);
     if (app.got_subcommand("bench")) return kd::cli::cmd_bench(bench);
     if (app.got_subcommand("tree")) return kd::cli::cmd_tree(tree);
+    if (app.got_subcommand("plan-budget")) return kd::cli::cmd_plan_budget(plan_budget);
     if (app.got_subcommand("tokenize")) return kd::cli::cmd_tokenize(tokenize);
     if (app.got_subcommand("chat-template")) return kd::cli::cmd_chat_template(chat_template);
     if (app.got_subcommand("serve")) return kd::cli::cmd_serve(serve);

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode/tree.h"  // kMaxTreeBudget
@@ -44,7 +45,15 @@ GenerationLimits check_generation(const ModelConfig& c, const std::vector<int32_
 
 struct SpecOptions {
   bool chain = false;   // DFlash: verify the top-1 chain instead of a tree
-  int64_t budget = 16;  // tree nodes per round, root excluded (ignored in chain mode)
+  int64_t budget = 16;  // tree nodes per round, root excluded (ignored in chain mode); with auto_budget the most
+  // --budget auto (decode/budget.h): each round drafts one tree at `budget` nodes (chain: the whole
+  // chain) and verifies its best first N (expected tokens per second from the device's cost(N) and
+  // the acceptance seen so far), or runs plain AR steps where no tree pays. The output is the same.
+  bool auto_budget = false;
+  // With auto_budget, tests and what-if runs: this verify cost [(rows, ms), rows ascending] and
+  // drafter cost instead of the start-up profile and online measurement (never refined). Empty: measure.
+  std::vector<std::pair<int64_t, double>> fixed_verify_ms;
+  double fixed_draft_ms = 0;
   // A drafter on a device hands back the tree builder's top-k from there (Drafter::top_k_on_device,
   // the same tree bit for bit); false: its logits come to the host (the tests' reference).
   bool device_top_k = true;
@@ -81,6 +90,10 @@ struct SpecStats {
   std::vector<int32_t> round_tau;
   std::vector<SpecRoundTree> round_trees;  // [rounds] with SpecOptions::record_trees, else empty
   double draft_ms = 0, verify_ms = 0, prefill_ms = 0;
+  // [most nodes + 1]: rounds that verified N nodes (N = 0: an AR step of --budget auto, no draft).
+  std::vector<int64_t> budget_histogram;
+  int64_t ar_steps = 0;                           // --budget auto: AR steps among the rounds (τ = 1 each)
+  double predicted_tokens = 0, predicted_ms = 0;  // --budget auto: Σ E[τ(N)] and Σ (t_draft + cost(N + 1)) of its choices
   double mean_tau() const { return rounds ? double(accepted + rounds) / double(rounds) : 0.0; }
 };
 

@@ -26,6 +26,9 @@ struct DraftRound {
 DraftRound draft_round(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec,
                        int64_t vocab, std::vector<float>& draft_logits, bool device_top_k = true,
                        const NodeFilter& filter = {});
+// The same tree before it becomes a round (--budget auto truncates it first: tree.h truncate_tree).
+DraftTree draft_tree(Drafter& drafter, int32_t bonus, int64_t start, int64_t L, const SpecOptions& spec, int64_t vocab,
+                     std::vector<float>& draft_logits, bool device_top_k = true, const NodeFilter& filter = {});
 
 // The round for a built tree: node 0 set to the bonus, positions start + depth, visibility.
 DraftRound make_round(DraftTree tree, int32_t bonus, int64_t start);

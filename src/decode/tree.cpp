@@ -110,6 +110,27 @@ DraftTree build_draft_tree(const DraftTopK& top, int64_t budget, const NodeFilte
   return t;
 }
 
+DraftTree truncate_tree(const DraftTree& tree, int64_t nodes) {
+  if (nodes < 0) fail("draft tree: cannot keep ", nodes, " nodes");
+  const size_t n = size_t(std::min(nodes + 1, tree.size()));
+  DraftTree t;
+  t.positions = tree.positions;
+  t.tokens.assign(tree.tokens.begin(), tree.tokens.begin() + ptrdiff_t(n));
+  t.depths.assign(tree.depths.begin(), tree.depths.begin() + ptrdiff_t(n));
+  t.parents.assign(tree.parents.begin(), tree.parents.begin() + ptrdiff_t(n));
+  t.ranks.assign(tree.ranks.begin(), tree.ranks.begin() + ptrdiff_t(n));
+  t.scores.assign(tree.scores.begin(), tree.scores.begin() + ptrdiff_t(n));
+  t.children.resize(n);
+  for (size_t i = 0; i < n; ++i)  // children are in pop order: the kept ones are a prefix
+    for (int32_t c : tree.children[i]) {
+      if (size_t(c) >= n) break;
+      t.children[i].push_back(c);
+    }
+  return t;
+}
+
+DraftTree root_tree(int64_t positions) { return empty_tree(positions); }
+
 DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t vocab) {
   if (positions < 1 || vocab < 1) fail("draft chain: need at least one position and one token");
   return build_draft_chain(draft_top_k(logits, positions, vocab, 1));

@@ -51,6 +51,18 @@ DraftTree build_draft_tree(const DraftTopK& top, int64_t budget);
 using NodeFilter = std::function<bool(int32_t parent, int32_t token)>;
 DraftTree build_draft_tree(const DraftTopK& top, int64_t budget, const NodeFilter& filter);
 
+// The first `nodes` nodes of `tree` (clamped to its size) with the root: again a tree in pop order.
+// Truncating an unfiltered build_draft_tree(top-k of min(B, vocab), B) to N ≤ B nodes gives exactly
+// build_draft_tree(top-k of min(N, vocab), N) (--budget auto drafts once at its largest budget):
+// both heaps pop the same first N entries, because an entry of rank r exists only after its
+// rank r − 1 sibling popped, so an N-node tree holds ranks ≤ N − 1 — all inside the smaller top-k,
+// which is a prefix of the larger one with the same log-probabilities — and the entries only the
+// larger top-k adds (rank ≥ N) cannot pop among the first N. (A grammar filter breaks this: a
+// rejected candidate spends a rank but no budget.) A chain truncates to the shorter chain.
+DraftTree truncate_tree(const DraftTree& tree, int64_t nodes);
+// The root alone (an AR step as a round: --budget auto's fallback).
+DraftTree root_tree(int64_t positions);
+
 // The single chain of top-1 tokens (DFlash verify): `positions` nodes, node i's parent is i − 1.
 DraftTree build_draft_chain(const float* logits, int64_t positions, int64_t vocab);
 // The same from draft_top_k(logits, positions, vocab, k ≥ 1) (rank 0 only); with a filter, the

@@ -56,6 +56,10 @@ struct Engine::Impl {
   EngineOptions opt;
   int64_t ctx = 0, V = 0;
   int64_t draft_block = 0, draft_taps = 0;  // from a probe drafter; 0 without speculative decoding
+  std::vector<int32_t> draft_tap_layers;     // … its tap layers, and whether it takes them on the device
+  bool draft_device_taps = false;
+  int64_t max_nodes = 0;                     // the most nodes a round verifies (chain: block − 1)
+  RoundCosts costs;                          // --budget auto: this device's verify and draft costs
   KvPool pool;
   int64_t reserved_total = 0;  // blocks promised to running sequences and not yet lent
 
@@ -85,6 +89,9 @@ struct Engine::Impl {
   void step();
   void loop();
   void refresh_metrics();
+  void init_costs();
+  void defer_context(EngineSeq& s, const float* taps, int64_t rows);
+  void flush_context(EngineSeq& s);
 };
 
 namespace {
@@ -123,9 +130,110 @@ Engine::Impl::Impl(const Target& t, EngineOptions o)
     draft_block = probe->block_size();
     if (draft_block < 2) fail("engine: the drafter's block size (", draft_block, ") must be at least 2");
     draft_taps = int64_t(probe->tap_layers().size());
+    draft_tap_layers = probe->tap_layers();
+    draft_device_taps = draft_taps > 0 && target.device_taps() && probe->takes_device_taps();
+    max_nodes = opt.spec.chain ? draft_block - 1 : opt.spec.budget;
   }
   m.kv_blocks_total = pool.n_blocks();
   target.init_kv(pool.n_blocks(), pool.block_tokens());
+  if (opt.make_drafter && opt.spec.auto_budget) init_costs();
+}
+
+// --budget auto's cost(rows): the caller's fixed table, or a micro-profile of verify forwards for
+// one sequence on a scratch stretch of the pool (its rows are garbage afterwards and go back free):
+// a tree of `rows` rows shaped like a round's (a chain as deep as the block, siblings on it), with
+// the outputs a greedy round asks of this target (argmax outputs where it has them) and the
+// drafter's taps. Online measurements of single-sequence rounds refine it (step()).
+void Engine::Impl::init_costs() {
+  const int64_t max_rows = max_nodes + 1;
+  if (!opt.spec.fixed_verify_ms.empty()) {
+    costs.verify = VerifyCost(opt.spec.fixed_verify_ms, std::max(max_rows, opt.spec.fixed_verify_ms.back().first));
+    costs.draft_ms = std::max(0.0, opt.spec.fixed_draft_ms);
+    costs.draft_seen = costs.frozen = true;
+    return;
+  }
+  const int64_t kb = pool.block_tokens(), rows_fit = std::min(max_rows, pool.n_blocks() * kb);
+  std::vector<int32_t> blocks;
+  for (int64_t r = 0; r < rows_fit; r += kb) blocks.push_back(pool.allocate());
+  const int64_t L = draft_block - 1, hid = target.config().hidden_size;
+  std::vector<float> logits, taps, am_vals;
+  std::vector<int32_t> am_ids;
+  const float* dev_taps = nullptr;
+  auto time_forward = [&](int64_t n) {
+    n = std::min(n, rows_fit);
+    std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n), 0), parent(static_cast<size_t>(n), -1);
+    std::vector<uint8_t> vis(static_cast<size_t>(n * n), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i > 0) parent[size_t(i)] = int32_t(i <= L ? i - 1 : (i - 1 - L) % L);
+      if (i > 0) pos[size_t(i)] = pos[size_t(parent[size_t(i)])] + 1;
+      ids[size_t(i)] = int32_t((i * 131 + 11) % V);
+      for (int64_t a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i * n + a)] = 1;
+    }
+    SeqForward f;
+    f.kv = pool.view(blocks);
+    f.start = 0;
+    ForwardArgs& a = f.args;
+    a.ids = ids.data();
+    a.n = n;
+    a.form = AttnForm::absorbed;
+    if (n > 1) {  // one row: the AR step's form (causal; the fallback runs exactly that)
+      a.positions = pos.data();
+      a.visibility = vis.data();
+      a.all_logits = true;
+    }
+    if (target.device_argmax()) {
+      am_ids.resize(size_t(n));
+      am_vals.resize(size_t(n));
+      a.argmax_ids = am_ids.data();
+      a.argmax_vals = am_vals.data();
+    } else {
+      logits.resize(static_cast<size_t>(n * V));
+      a.logits = logits.data();
+    }
+    if (draft_taps > 0) {
+      a.tap_layers = &draft_tap_layers;
+      if (draft_device_taps) {
+        a.device_taps = &dev_taps;
+      } else {
+        taps.resize(static_cast<size_t>(n * draft_taps * hid));
+        a.taps = taps.data();
+      }
+    }
+    const double t0 = now_s();
+    target.forward_batch({f});
+    return (now_s() - t0) * 1e3;
+  };
+  const double t0 = now_s();
+  try {
+    costs.verify = profile_verify_cost(time_forward, max_rows);
+  } catch (...) {
+    for (int32_t b : blocks) pool.release(b);
+    throw;
+  }
+  for (int32_t b : blocks) pool.release(b);
+  std::string table;
+  std::vector<int64_t> shown;
+  for (int64_t r : {1, 2, 5, 9, 17, 33})
+    if (r < max_rows) shown.push_back(r);
+  shown.push_back(max_rows);
+  for (int64_t r : shown) table += cat(table.empty() ? "" : ", ", r, ": ", costs.verify.ms(r));
+  log_info("--budget auto: verify cost by rows (ms) ", table, " — profiled in ", (now_s() - t0) * 1e3, " ms");
+}
+
+// Host taps of committed rows wait until the drafter next drafts (flush_context); a stretch of
+// --budget auto's AR steps then costs the drafter nothing. Bounded, so a long stretch holds little.
+void Engine::Impl::defer_context(EngineSeq& s, const float* taps, int64_t rows) {
+  constexpr int64_t kMaxPendingRows = 256;
+  if (s.n_taps) s.pending_taps.insert(s.pending_taps.end(), taps, taps + rows * s.n_taps * target.config().hidden_size);
+  s.pending_rows += rows;
+  if (s.pending_rows >= kMaxPendingRows) flush_context(s);
+}
+
+void Engine::Impl::flush_context(EngineSeq& s) {
+  if (s.pending_rows == 0) return;
+  s.drafter->append_context(s.n_taps ? s.pending_taps.data() : nullptr, s.pending_rows);
+  s.pending_taps.clear();
+  s.pending_rows = 0;
 }
 
 // Worst-case rows of a request: prompt + every new token, plus one round's scratch tree.
@@ -203,6 +311,8 @@ void Engine::Impl::admit() {
       }
       s.n_taps = draft_taps;
       s.stats.tau_histogram.assign(size_t(draft_block + 1), 0);
+      s.stats.budget_histogram.assign(size_t(max_nodes + 1), 0);
+      if (opt.spec.auto_budget) s.budget = std::make_unique<BudgetController>(max_nodes);
       // A drafter on the target's device reads the taps where the forward leaves them.
       s.device_taps = s.n_taps > 0 && target.device_taps() && s.drafter->takes_device_taps();
       // Prefix-cache rows (only for drafters without taps) count as context the drafter has seen.
@@ -231,6 +341,7 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
   s.step_prefill = s.next < 0;
   s.post_failed = false;
   s.round.reset();
+  s.step_ar = false;
   s.dev_taps = nullptr;
   if (s.next < 0) {
     // Prefill chunk in the target's prefill form (the CPU: expanded MLA, as generate_ar's prefill;
@@ -245,30 +356,57 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     const int64_t start = s.n_kv;
     const int64_t L = std::min({draft_block - 1, s.lim.ctx - 1 - start, s.lim.n_max - s.n_out});
     if (L < 1) fail("internal: no draft position left at ", start);
-    // (A drafter on the GPU hands back only the tree builder's top-k: draft_round.)
-    std::vector<float> scratch;
-    const double t0 = now_s();
-    // Under a grammar, a node is kept only if its path is a prefix the grammar allows: each node's
-    // matcher state is its parent's advanced by its token (nodes arrive in index order).
-    NodeFilter filter;
-    std::vector<grammar::Matcher::State> node_state;
-    if (s.matcher && opt.spec.grammar_draft) {
-      node_state.push_back(s.matcher->state());  // the root: the bonus, already committed
-      filter = [&](int32_t parent, int32_t tok) {
-        const grammar::Matcher::State t = s.matcher->after(node_state[size_t(parent)], tok);
-        if (t == grammar::Matcher::kDead) return false;
-        node_state.push_back(t);
-        return true;
-      };
+    s.step_ar = s.budget && !s.budget->draft_now();
+    if (s.step_ar) {
+      // --budget auto's fallback: an AR step as a round of the root alone — no drafter call, the
+      // forward the AR decode step's; the row's taps still reach the drafter (post_kv), so a later
+      // round drafts with full context.
+      s.step_choice = s.budget->ar_step(costs);
+      s.round = std::make_unique<DraftRound>(make_round(root_tree(L), s.next, start));
+    } else {
+      // (A drafter on the GPU hands back only the tree builder's top-k: draft_tree.)
+      std::vector<float> scratch;
+      const double t0 = now_s();
+      const int64_t caught_up = s.pending_rows;
+      flush_context(s);
+      const double flush_ms = (now_s() - t0) * 1e3;
+      // Under a grammar, a node is kept only if its path is a prefix the grammar allows: each node's
+      // matcher state is its parent's advanced by its token (nodes arrive in index order).
+      NodeFilter filter;
+      std::vector<grammar::Matcher::State> node_state;
+      if (s.matcher && opt.spec.grammar_draft) {
+        node_state.push_back(s.matcher->state());  // the root: the bonus, already committed
+        filter = [&](int32_t parent, int32_t tok) {
+          const grammar::Matcher::State t = s.matcher->after(node_state[size_t(parent)], tok);
+          if (t == grammar::Matcher::kDead) return false;
+          node_state.push_back(t);
+          return true;
+        };
+      }
+      // --budget auto drafts at its largest budget (opt.spec.budget) and keeps the best first N nodes.
+      DraftTree tree = draft_tree(*s.drafter, s.next, start, L, opt.spec, V, scratch, opt.spec.device_top_k, filter);
+      const double draft_ms = (now_s() - t0) * 1e3;
+      s.stats.draft_ms += draft_ms;
+      if (s.budget) {
+        // A round's draft cost includes the context it takes in — a round's worth (≤ block rows): a
+        // catch-up after AR steps counts at that share.
+        const double share = caught_up > draft_block ? double(draft_block) / double(caught_up) : 1.0;
+        costs.observe_draft(draft_ms - flush_ms * (1 - share));
+        s.step_choice = s.budget->choose(tree, costs);
+        tree = truncate_tree(tree, s.step_choice.nodes);
+      }
+      s.round = std::make_unique<DraftRound>(make_round(std::move(tree), s.next, start));
     }
-    s.round = std::make_unique<DraftRound>(draft_round(*s.drafter, s.next, start, L, opt.spec, V, scratch, opt.spec.device_top_k, filter));
-    s.stats.draft_ms += (now_s() - t0) * 1e3;
     s.step_rows = s.round->tree.size();
     a.ids = s.round->tree.tokens.data();
-    a.positions = s.round->positions.data();
-    a.visibility = s.round->visibility.data();
-    a.form = AttnForm::absorbed;
-    a.all_logits = true;
+    if (s.step_ar) {
+      a.form = s.req.gen.decode_form;  // exactly the AR decode step (one causal row), taps added
+    } else {
+      a.positions = s.round->positions.data();
+      a.visibility = s.round->visibility.data();
+      a.form = AttnForm::absorbed;
+      a.all_logits = true;
+    }
   } else {
     s.step_rows = 1;
     a.ids = &s.next;
@@ -410,6 +548,15 @@ void Engine::Impl::post_sample(EngineSeq& s) {
   ++s.stats.tau_histogram[size_t(std::min<int64_t>(tau, int64_t(s.stats.tau_histogram.size()) - 1))];
   s.stats.round_tau.push_back(int32_t(tau));
   if (opt.spec.record_trees) s.stats.round_trees.push_back({s.n_kv, tree.tokens, tree.parents, tree.depths, s.path});
+  auto& bh = s.stats.budget_histogram;
+  if (!bh.empty()) ++bh[size_t(std::min<int64_t>(tree.size() - 1, int64_t(bh.size()) - 1))];
+  if (s.budget) {
+    s.stats.ar_steps += s.step_ar;
+    s.stats.predicted_tokens += s.step_choice.tokens;
+    s.stats.predicted_ms += s.step_choice.ms;
+    // Only a walk that left the tree knows every verified node's fate (emit may stop it inside).
+    if (s.ev.finish_reason.empty() && !s.step_ar) s.budget->observe(tree, s.path, costs);
+  }
   std::lock_guard<std::mutex> lk(mu);
   ++m.spec_rounds;
   m.spec_drafted += uint64_t(tree.size() - 1);
@@ -427,7 +574,7 @@ void Engine::Impl::post_kv(EngineSeq& s) {
       if (s.dev_taps)
         s.drafter->append_context_device(s.dev_taps, s.step_rows, nullptr);
       else
-        s.drafter->append_context(s.n_taps ? s.taps.data() : nullptr, s.step_rows);
+        defer_context(s, s.n_taps ? s.taps.data() : nullptr, s.step_rows);
     }
     return;
   }
@@ -444,7 +591,7 @@ void Engine::Impl::post_kv(EngineSeq& s) {
   std::vector<float> acc(static_cast<size_t>(tau * width));
   for (int64_t k = 0; k < tau && width; ++k)
     std::copy_n(&s.taps[size_t(s.path[size_t(k)] * width)], width, &acc[size_t(k * width)]);
-  s.drafter->append_context(width ? acc.data() : nullptr, tau);
+  defer_context(s, width ? acc.data() : nullptr, tau);
 }
 
 // Sends the tokens committed this step (if any); a false return asks for cancellation.
@@ -550,6 +697,8 @@ void Engine::Impl::step() {
       ForwardStats fst;
       target.forward_batch(batch, &fst);
       t_fwd = now_s() - t0;
+      // --budget auto's cost model is one sequence's: only a forward of one round refines it.
+      if (in_batch.size() == 1 && in_batch[0]->round && in_batch[0]->budget) costs.observe_verify(rows, t_fwd * 1e3);
       for (EngineSeq* q : in_batch) {
         RequestStats& rs = q->stats;
         ++rs.forwards;

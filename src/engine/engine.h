@@ -43,6 +43,8 @@ struct EngineOptions {
   // Speculative decoding: one drafter per running sequence (drafters keep per-sequence context).
   // Empty → plain autoregressive decoding.
   std::function<std::unique_ptr<Drafter>()> make_drafter;
+  // spec.auto_budget (--budget auto, decode/budget.h): each sequence picks its tree size every round,
+  // or AR steps; the verify cost is profiled here at construction (about a second) unless given.
   SpecOptions spec;
 };
 
@@ -71,6 +73,9 @@ struct RequestStats {
   uint64_t prefill_weight_bytes = 0, decode_weight_bytes = 0;
   double prefill_forward_ms = 0;      // the prompt's forwards
   double draft_ms = 0, verify_ms = 0; // DDTree: this sequence's drafting; the verify forwards
+  std::vector<int64_t> budget_histogram;  // DDTree/DFlash: [most nodes + 1], rounds that verified N nodes (0: AR steps)
+  int64_t ar_steps = 0;                   // --budget auto: AR steps taken instead of rounds (counted in rounds)
+  double predicted_tokens = 0, predicted_ms = 0;  // --budget auto: what its choices expected (SpecStats)
 };
 
 struct EngineEvent {

@@ -102,6 +102,10 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
       st.draft_ms = s.draft_ms;
       st.verify_ms = s.verify_ms;
       st.prefill_ms = s.prefill_forward_ms;
+      st.budget_histogram = s.budget_histogram;
+      st.ar_steps = s.ar_steps;
+      st.predicted_tokens = s.predicted_tokens;
+      st.predicted_ms = s.predicted_ms;
       if (ev.finish_reason == "error") r.finish_reason = "error: " + ev.error;
       done = true;
       cv.notify_all();

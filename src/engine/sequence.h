@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "decode/budget.h"
 #include "decode/round.h"
 #include "engine/engine.h"
 
@@ -29,6 +30,11 @@ struct EngineSeq {
   std::unique_ptr<Drafter> drafter;
   int64_t n_taps = 0;
   bool device_taps = false;     // the drafter reads the target's taps on the device
+  // Committed rows' host taps not yet given to the drafter: appended just before it drafts, so
+  // --budget auto's AR steps cost no drafter work (and a run that never drafts again, none).
+  std::vector<float> pending_taps;  // [pending_rows, n_taps, hidden]
+  int64_t pending_rows = 0;
+  std::unique_ptr<BudgetController> budget;  // --budget auto
 
   // This step's work.
   int64_t step_rows = 0;          // rows in the forward (0: not in this step)
@@ -44,6 +50,8 @@ struct EngineSeq {
   std::vector<float> taps;        // [step_rows, n_taps, hidden]
   const float* dev_taps = nullptr;  // device taps of this step (device_taps)
   std::unique_ptr<DraftRound> round;
+  bool step_ar = false;           // the round is --budget auto's AR step (the root alone, no draft)
+  BudgetChoice step_choice;       // --budget auto: what this round's choice expected
   std::unique_ptr<grammar::Matcher> matcher;  // constrained requests: the grammar's state after the committed tokens
   std::vector<float> masked;                  // [vocab] the logits row with the grammar's mask applied
 

@@ -11,14 +11,15 @@ SUBCOMMANDS = {
            "serve"],
     "run": ["-m", "--model", "-p", "--prompt", "--prompt-ids", "-n", "--n-predict", "-c", "--ctx-size", "--temp",
             "--top-k", "--top-p", "--min-p", "-s", "--seed", "--ignore-eos", "--json", "--dump-logits", "--spec",
-            "--draft", "--budget", "--device", "--decode-attn"],
+            "--draft", "--budget", "--budget-max", "--device", "--decode-attn"],
     "inspect": ["-m", "--model", "--preset", "--config", "--ctx", "--json"],
     "make-model": ["--preset", "--config", "-o", "--out", "-s", "--seed", "--shards", "--force", "tiny", "small",
                    "medium", "k2"],
-    "serve": ["-m", "--model", "-a", "--alias", "--draft", "--spec", "--budget", "--host", "--port", "--api-key",
+    "serve": ["-m", "--model", "-a", "--alias", "--draft", "--spec", "--budget", "--budget-max", "--host", "--port", "--api-key",
               "--parallel", "-c", "--ctx-size", "--kv-tokens", "--kv-block", "--prefill-chunk", "--max-queue",
               "--no-prefix-cache", "--timeout", "--idle-timeout", "--max-body", "--threads-http", "--device"],
     "bench": ["-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-r", "--repetitions", "--device", "--json"],
+    "plan-budget": ["--verify-ms", "--profile", "--block-size", "--draft-ms", "--budget-max", "--vocab", "--json"],
 }
 
 

@@ -1,0 +1,153 @@
+// `--budget auto` (issue 16 §3): each round verifies the tree size N that maximises expected tokens
+// per second, E[τ(N)] / (t_draft + cost(N + 1)), and where no tree pays, plain AR steps instead.
+//
+// Why it cannot change the output: every tree, the root alone included, gives AR's tokens (DESIGN.md
+// §2); the choice moves only speed.
+// Why one draft serves every N: a tree's nodes are in pop order and its first N nodes are exactly the
+// budget-N tree (tree.h truncate_tree), so a round drafts once at the largest budget and keeps N.
+// Why every verified node teaches about every smaller tree: the target's choice at a node depends only
+// on that node's path (row invariance), so node i is on the accept path of the N-node truncation
+// (any N ≥ i) exactly when it is on this round's path. Hence E[τ(N)] = 1 + Σ_{i ≤ N} P(node i is on
+// the path), and each verified node is one sample of that probability at its surrogate score σ_i.
+//
+// The pieces: VerifyCost (the device's cost(rows), profiled at start-up and refined online),
+// AcceptanceModel (f(σ), learned online), plan_budget (the argmax, a pure function), and
+// BudgetController (one sequence's policy: which N, or AR steps with a doubling backoff and probes).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "decode/tree.h"
+
+namespace kd {
+
+// cost(rows): milliseconds of one target verify forward of `rows` rows (the root + N nodes) for one
+// sequence on this device: piecewise linear through knots — the given points, plus rows 1 and
+// max_rows at the first point's time and the last segment's slope (never below the last time).
+// observe(rows, ms) refines it online: one gradient step on the squared error of that prediction,
+// shared by the two knots around `rows` in proportion to their interpolation weights, a fifth of the
+// error in all. So a round of any size moves the curve near it (noise averages out, a growing
+// context or a busier machine is followed) while the shape between knots stays the profile's.
+class VerifyCost {
+ public:
+  VerifyCost() = default;
+  // points: (rows, ms), rows strictly ascending in [1, max_rows], ms finite and > 0; the table covers
+  // rows 1 … max_rows (≥ 1). Throws naming the bad point.
+  VerifyCost(const std::vector<std::pair<int64_t, double>>& points, int64_t max_rows);
+  double ms(int64_t rows) const;  // rows in [1, max_rows]
+  void observe(int64_t rows, double ms);
+  int64_t max_rows() const { return knots_.empty() ? 0 : knots_.back().first; }
+  std::vector<double> table() const;  // [max_rows]: ms(1) … ms(max_rows)
+
+ private:
+  // The knots (rows, ms) around `rows` and the second one's weight in the interpolation.
+  size_t segment(int64_t rows, double* w) const;
+  std::vector<std::pair<int64_t, double>> knots_;
+};
+
+// The device's costs, shared by every sequence of one engine: the verify curve and the drafter's
+// per-round cost (draft + tree build + the context it had to take in), an average of measured rounds.
+struct RoundCosts {
+  VerifyCost verify;
+  double draft_ms = 0;
+  bool draft_seen = false;
+  bool frozen = false;  // given by the caller (tests, what-if): measurements change nothing
+  void observe_verify(int64_t rows, double ms);
+  void observe_draft(double ms);
+};
+
+// f(σ) = P(a node of surrogate log-probability σ is on the accept path), in bins of σ a quarter nat
+// wide from 0 down to −10 (below: the last bin). Each bin holds decayed counts of verified nodes and
+// of those accepted, plus kPriorWeight pseudo-observations at the calibrated prior f = exp(σ):
+//   f(σ) = (accepted + w·exp(σ)) / (verified + w).
+// A drafter that is right as often as it claims keeps f ≈ exp(σ); a random one drives f to 0.
+class AcceptanceModel {
+ public:
+  static constexpr int kBins = 40;
+  static constexpr double kBinWidth = 0.25;    // nats
+  static constexpr double kPriorWeight = 2.0;  // pseudo-observations a bin
+  static constexpr double kDecay = 0.98;       // a round's weight a round later (half-life ≈ 34 rounds)
+  double f(double sigma) const;
+  // One verified round: nodes 1 … tree.size() − 1 of `tree` (as verified), `path` its accepted nodes
+  // (root first, ascending, as accept_walk returns them).
+  void observe(const DraftTree& tree, const std::vector<int32_t>& path);
+
+ private:
+  static int bin(double sigma);
+  std::array<double, kBins> accepted_{}, verified_{};
+};
+
+struct BudgetChoice {
+  int64_t nodes = 0;  // N, the nodes to verify (0: an AR step — the root alone, no drafter call)
+  double tokens = 1;  // E[τ(N)] = 1 + Σ_{i ≤ N} f_i: tokens the round is expected to commit
+  double ms = 0;      // its expected time: t_draft + cost(N + 1) (an AR step: cost(1))
+  double tokens_per_ms() const { return ms > 0 ? tokens / ms : 0; }
+};
+
+struct BudgetPlan {
+  BudgetChoice best;  // argmax over 1 ≤ N ≤ f.size() of E[τ(N)] / (t_draft + cost(N + 1)); the smallest N on ties
+  BudgetChoice ar;    // plain AR: one token in cost(1)
+  bool speculate() const { return best.tokens_per_ms() > ar.tokens_per_ms(); }
+};
+
+// f[i] = P(node i + 1 is on the accept path) for the nodes of one tree in pop order (f.size() ≥ 1,
+// f.size() + 1 ≤ cost.max_rows()).
+BudgetPlan plan_budget(const std::vector<double>& f, const VerifyCost& cost, double draft_ms);
+// Once the draft is paid and a token is worth `rate` tokens/ms elsewhere: argmax over 1 ≤ N of
+// E[τ(N)] − rate · cost(N + 1) — with rate = plan.best's own rate this is plan.best (a round at N
+// gains at most rate · t_draft over its time), with AR's rate it is the best tree for a probe.
+BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, double rate);
+
+// One sequence's --budget auto policy. Each round either drafts (at the largest budget; choose()
+// then says how many nodes to verify) or, while draft_now() is false, runs AR steps (ar_step()).
+// It speculates while the predicted rate of its rounds — the latest round's ratio to AR's 1/cost(1),
+// smoothed over consecutive drafted rounds — is at least AR's. Below it, the round still verifies its
+// best tree (the draft is paid, and its nodes are the data f learns from), then AR steps follow:
+// 1, 2, 4 … kMaxBackoff after consecutive poor probes, and never so few that a probe costs more
+// than kProbeShare of the AR time it waits for (a drafter as slow as 8 AR steps waits ~400); the
+// next drafted round is a probe, judged on its own prediction. After a round that speculated, its
+// tree is judged again with the acceptance it has just learned (observe()), so a drafter that only
+// looked good costs one round, not as many as the prior's pseudo-counts would.
+class BudgetController {
+ public:
+  static constexpr int64_t kMaxBackoff = 64;
+  static constexpr double kProbeShare = 0.02;
+  static constexpr int64_t kMaxWait = 1 << 16;
+  static constexpr double kSmoothing = 0.3;  // weight of the newest round in the smoothed ratio
+
+  explicit BudgetController(int64_t max_nodes);
+  bool draft_now() const { return ar_left_ == 0; }
+  BudgetChoice ar_step(const RoundCosts& costs);  // an AR step instead of a round
+  // After drafting `tree` (at the largest budget; its draft already measured into costs): the nodes
+  // to verify (≥ 1 when the tree has any).
+  BudgetChoice choose(const DraftTree& tree, const RoundCosts& costs);
+  // The verified round (tree as verified, path accepted); only rounds whose walk left the tree.
+  void observe(const DraftTree& verified, const std::vector<int32_t>& path, const RoundCosts& costs);
+  const AcceptanceModel& acceptance() const { return acc_; }
+  int64_t ar_left() const { return ar_left_; }
+
+ private:
+  std::vector<double> node_f() const;          // f of the last drafted tree's nodes
+  bool judge(const BudgetPlan& plan, bool recheck);  // updates the smoothed ratio; true: speculate
+  BudgetChoice back_off(const std::vector<double>& f, const RoundCosts& costs, const BudgetPlan& plan);
+
+  AcceptanceModel acc_;
+  std::vector<double> scores_;  // σ of the last drafted tree's nodes (up to the largest budget)
+  int64_t max_nodes_ = 0, ar_left_ = 0, fails_ = 0;
+  double ratio_ = 0, ratio_before_ = 0;  // the smoothed ratio, and before the last drafted round
+  bool speculating_ = false, smoothed_before_ = false;
+};
+
+// The start-up micro-profile: time_forward(rows) runs one verify forward of `rows` rows for one
+// sequence and returns its milliseconds. Rows 1, 2, 3, 5, 9, 17, 33, 65 … within max_rows, and
+// max_rows itself: one untimed pass (caches; a GPU's graphs are captured on a shape's second use),
+// then timed passes while the whole stays under budget_s — each row count at least 3 times and, while
+// it has cost under 25 ms so far, up to 9 (cheap shapes get more samples: a noisy cost(1), the AR
+// baseline, would mislead every decision) — and the median of each.
+VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows,
+                               double budget_s = 2.0);
+
+}  // namespace kd
