@@ -22,6 +22,7 @@ size_t out_bytes(int64_t cap) {
 DeviceDraftTree::~DeviceDraftTree() {
   if (out_) cudaFree(out_);
   if (vis_) cudaFree(vis_);
+  if (clock_) cudaFree(clock_);
   if (in_) cudaFree(in_);
   if (in_host_) cudaFreeHost(in_host_);
 }
@@ -58,6 +59,7 @@ void DeviceDraftTree::build(const int32_t* ids_dev, const float* logp_dev, const
     fail("device draft tree: budget must be in [1, ", cuda::kDeviceTreeMaxBudget, "] (got ", budget, ")");
   if (k < 1 || k > budget) fail("device draft tree: k must be in [1, budget = ", budget, "] (got ", k, ")");
   reserve_out(budget);
+  if (!clock_) check(cudaMalloc(reinterpret_cast<void**>(&clock_), 16), "allocate tree clock");
   auto* o = static_cast<int32_t*>(out_);
   cuda::DraftTreeArgs a;
   a.ids = ids_dev, a.logp = logp_dev, a.valid = valid_dev;
@@ -73,6 +75,7 @@ void DeviceDraftTree::build(const int32_t* ids_dev, const float* logp_dev, const
   const size_t i32 = size_t(kHead + 5 * (cap_ + 1)) * 4;
   a.scores = reinterpret_cast<double*>(static_cast<char*>(out_) + (i32 + 15) / 16 * 16);
   a.visibility = vis_;
+  a.pop_clock = clock_;
   cuda::build_draft_tree(a, s);
   last_budget_ = budget;
 }
@@ -114,6 +117,14 @@ DeviceTreeHost DeviceDraftTree::download(cudaStream_t s) {
   t.visibility.resize(size_t(n) * size_t(n));
   check(cudaMemcpy(t.visibility.data(), vis_, t.visibility.size(), cudaMemcpyDeviceToHost), "download tree mask");
   return t;
+}
+
+std::pair<int64_t, int64_t> DeviceDraftTree::last_pop_clock(cudaStream_t s) const {
+  int64_t c[2] = {0, 0};
+  if (!clock_) fail("device draft tree: nothing built");
+  check(cudaMemcpyAsync(c, clock_, sizeof c, cudaMemcpyDeviceToHost, s), "download tree clock");
+  check(cudaStreamSynchronize(s), "device draft tree");
+  return {c[0], c[1]};
 }
 
 }  // namespace kd

@@ -19,9 +19,12 @@ __device__ __forceinline__ uint64_t order_key(double s) {
   return (u >> 63) ? ~u : (u | (uint64_t(1) << 63));
 }
 
-// Shared state of one build. Frontier slot s holds an entry — the prefix ρ(parent) + (rank) at
-// `depth`, score σ; node i keeps its parent and rank (the links rank tuples are compared through).
+// Shared state of one build, at the front of the dynamic shared memory. Frontier slot s holds an
+// entry — the prefix ρ(parent) + (rank) at `depth`, score σ, key order_key(σ) (0: empty); node i
+// keeps its parent and rank (the links rank tuples are compared through) and depth.
+extern __shared__ __align__(16) unsigned char smem_raw[];
 struct Smem {
+  uint64_t* f_key;    // [budget + 1]
   double* f_score;    // [budget + 1]
   int32_t* f_parent;  // [budget + 1]
   int32_t* f_rank;    // [budget + 1]
@@ -31,10 +34,24 @@ struct Smem {
   int32_t* n_depth;   // [budget + 1]
   int32_t* valid;     // [positions] clamped to [0, k]
 };
+__device__ __forceinline__ Smem smem_layout(int S) {
+  Smem m;
+  m.f_key = reinterpret_cast<uint64_t*>(smem_raw);
+  m.f_score = reinterpret_cast<double*>(m.f_key + S);
+  m.f_parent = reinterpret_cast<int32_t*>(m.f_score + S);
+  m.f_rank = m.f_parent + S;
+  m.f_depth = m.f_rank + S;
+  m.n_parent = m.f_depth + S;
+  m.n_rank = m.n_parent + S;
+  m.n_depth = m.n_rank + S;
+  m.valid = m.n_depth + S;
+  return m;
+}
 
 // Whether slot a's rank tuple precedes slot b's (lexicographically, a prefix before its
 // extensions: std::vector's <). a ≠ b. Reached only on equal σ.
-__device__ __noinline__ bool rho_less(const Smem& m, int a, int b) {
+__device__ __noinline__ bool rho_less(int S, int a, int b) {
+  const Smem m = smem_layout(S);
   int pa = m.f_parent[a], ra = m.f_rank[a], da = m.f_depth[a];
   int pb = m.f_parent[b], rb = m.f_rank[b], db = m.f_depth[b];
   const bool a_shorter = da < db;
@@ -49,55 +66,64 @@ __device__ __noinline__ bool rho_less(const Smem& m, int a, int b) {
   return ra < rb;  // children of one node: distinct ranks
 }
 
-// Whether slot a (key ka) pops before slot b (key kb); both hold entries.
-__device__ __forceinline__ bool pops_first(const Smem& m, uint64_t ka, int a, uint64_t kb, int b) {
-  return ka != kb ? ka > kb : rho_less(m, a, b);
+struct Best {
+  uint64_t key;  // 0: none
+  int slot;
+};
+
+// The one of x, y that pops first.
+__device__ __forceinline__ Best first_of(int S, Best x, Best y) {
+  if (x.key == 0) return y;
+  if (y.key == 0) return x;
+  if (x.key != y.key) return x.key > y.key ? x : y;
+  return rho_less(S, x.slot, y.slot) ? x : y;
 }
 
-// The pops, by warp 0. Lane l owns slots l, l + 32, …: key[i] is slot l + 32·i's key (registers,
-// every index a constant after unrolling); best_* its least entry. Returns the nodes added.
-template <int SLOTS>
-__device__ int pop_nodes(const DraftTreeArgs& a, const Smem& m, const float* lp) {
+// The entry that pops first among one candidate per lane (the same answer in every lane): the
+// greatest key in two 32-bit reductions, equal keys by rank tuple (a loop uniform across lanes).
+__device__ __forceinline__ Best warp_first(int S, uint64_t key, int slot) {
+  const unsigned hi = __reduce_max_sync(kFull, unsigned(key >> 32));
+  if (hi == 0) return {0, -1};  // a live key's high half is never 0 (that would be a NaN)
+  const unsigned lo = __reduce_max_sync(kFull, unsigned(key >> 32) == hi ? unsigned(key) : 0u);
+  const uint64_t top = (uint64_t(hi) << 32) | lo;
+  unsigned tied = __ballot_sync(kFull, key == top);
+  int w = __shfl_sync(kFull, slot, __ffs(tied) - 1);
+  tied &= tied - 1;
+  while (tied) {
+    const int s = __shfl_sync(kFull, slot, __ffs(tied) - 1);
+    tied &= tied - 1;
+    if (rho_less(S, s, w)) w = s;
+  }
+  return {top, w};
+}
+
+// The pops, by warp 0. Slots form groups of 32 (group g: slots 32g … 32g + 31, at most 33 groups);
+// lane l holds the best entry of groups l and l + 32 in registers. A pop changes at most two slots
+// (the popped one takes its sibling, a new one the child), so after it the warp re-reduces those
+// two groups (one slot a lane) and their owners update: constant work a node, whatever the budget.
+// Returns the nodes added.
+__device__ int pop_nodes(const DraftTreeArgs& a, const float* lp) {
   const int lane = int(threadIdx.x) & 31;
-  const int B = a.budget, P = a.positions, K = a.k;
-  uint64_t key[SLOTS];
-#pragma unroll
-  for (int i = 0; i < SLOTS; ++i) key[i] = 0;
+  const int B = a.budget, P = a.positions, K = a.k, S = B + 1;
+  const Smem m = smem_layout(S);
+  Best g0 = {0, -1}, g1 = {0, -1};  // groups lane, lane + 32
   // The seed (ρ = (0,), σ = logp[0, 0]) in slot 0, whatever valid[0] (as the host).
   const double seed = double(lp[0]);
   if (lane == 0) {
-    m.f_score[0] = seed, m.f_parent[0] = 0, m.f_rank[0] = 0, m.f_depth[0] = 1;
+    m.f_key[0] = order_key(seed), m.f_score[0] = seed, m.f_parent[0] = 0, m.f_rank[0] = 0, m.f_depth[0] = 1;
     m.n_parent[0] = -1, m.n_rank[0] = 0, m.n_depth[0] = 0;
-    key[0] = order_key(seed);
+    g0 = {order_key(seed), 0};
   }
-  uint64_t best_key = key[0];
-  int best_i = 0;
+  Best mine = g0;  // the lane's best of its two groups
   int count = 0, n_slots = 1;
   __syncwarp();
   while (count < B) {
-    // The frontier's least (−σ, ρ): the greatest key, equal keys by ρ.
-    const unsigned hi = __reduce_max_sync(kFull, unsigned(best_key >> 32));
-    if (hi == 0) break;  // the frontier is empty
-    const unsigned lo = __reduce_max_sync(kFull, unsigned(best_key >> 32) == hi ? unsigned(best_key) : 0u);
-    const uint64_t top = (uint64_t(hi) << 32) | lo;
-    unsigned tied = __ballot_sync(kFull, best_key == top);
-    const int first = __ffs(tied) - 1;
-    int w = first + 32 * __shfl_sync(kFull, best_i, first);
-    tied &= tied - 1;
-    while (tied) {  // equal σ in several lanes (the same for every lane: a uniform loop)
-      const int l = __ffs(tied) - 1;
-      tied &= tied - 1;
-      const int s = l + 32 * __shfl_sync(kFull, best_i, l);
-      if (rho_less(m, s, w)) w = s;
-    }
+    const Best top = warp_first(S, mine.key, mine.slot);  // the frontier's least (−σ, ρ)
+    if (top.key == 0) break;                               // the frontier is empty
+    const int w = top.slot;
     const double score = m.f_score[w];
     const int parent = m.f_parent[w], rank = m.f_rank[w], depth = m.f_depth[w];
     const int idx = ++count;
-    __syncwarp();  // every lane has read slot w before its owner rewrites it
-    if (lane == 0) {
-      m.n_parent[idx] = parent, m.n_rank[idx] = rank, m.n_depth[idx] = depth;
-      a.scores[idx] = score;
-    }
     // The host's pushes, its expressions in its order: sibling (σ − logp[d−1,r]) + logp[d−1,r+1],
     // first child σ + logp[d,0].
     const bool sib = rank + 1 < m.valid[depth - 1];
@@ -107,48 +133,35 @@ __device__ int pop_nodes(const DraftTreeArgs& a, const Smem& m, const float* lp)
     const double sib_score =
         sib ? (score - double(lp[(depth - 1) * K + rank])) + double(lp[(depth - 1) * K + rank + 1]) : 0.0;
     const double child_score = child ? score + double(lp[depth * K]) : 0.0;
-    const bool own_w = lane == (w & 31), own_c = child && lane == (c & 31);
-    if (own_w && sib) m.f_score[w] = sib_score, m.f_rank[w] = rank + 1;
-    if (own_c) m.f_score[c] = child_score, m.f_parent[c] = idx, m.f_rank[c] = 0, m.f_depth[c] = depth + 1;
-    __syncwarp();  // slots and node idx written before any lane compares through them
-    const uint64_t kw = sib ? order_key(sib_score) : 0, kc = order_key(child_score);
-    const int wi = w >> 5, ci = c >> 5;
-    if (own_w) {
-#pragma unroll
-      for (int i = 0; i < SLOTS; ++i) {
-        if (i == wi) key[i] = kw;
-        if (own_c && i == ci) key[i] = kc;
+    __syncwarp();  // every lane has read slot w before it is rewritten
+    if (lane == 0) {
+      m.n_parent[idx] = parent, m.n_rank[idx] = rank, m.n_depth[idx] = depth;
+      a.scores[idx] = score;
+      m.f_key[w] = sib ? order_key(sib_score) : 0;
+      if (sib) m.f_score[w] = sib_score, m.f_rank[w] = rank + 1;
+      if (child) {
+        m.f_key[c] = order_key(child_score), m.f_score[c] = child_score;
+        m.f_parent[c] = idx, m.f_rank[c] = 0, m.f_depth[c] = depth + 1;
       }
-      best_key = 0, best_i = 0;
-#pragma unroll
-      for (int i = 0; i < SLOTS; ++i)
-        if (key[i] != 0 && (best_key == 0 || pops_first(m, key[i], lane + 32 * i, best_key, lane + 32 * best_i)))
-          best_key = key[i], best_i = i;
-    } else if (own_c) {
-#pragma unroll
-      for (int i = 0; i < SLOTS; ++i)
-        if (i == ci) key[i] = kc;
-      if (best_key == 0 || pops_first(m, kc, c, best_key, lane + 32 * best_i)) best_key = kc, best_i = ci;
     }
+    __syncwarp();  // slots and node idx written before any lane reads or compares through them
+    const int gw = w >> 5, gc = child ? c >> 5 : gw;
+    const int sw = 32 * gw + lane, sc = 32 * gc + lane;
+    const Best bw = warp_first(S, sw < n_slots ? m.f_key[sw] : 0, sw);
+    const Best bc = gc == gw ? bw : warp_first(S, sc < n_slots ? m.f_key[sc] : 0, sc);
+    bool changed = false;
+    if ((gw & 31) == lane) (gw < 32 ? g0 : g1) = bw, changed = true;
+    if ((gc & 31) == lane) (gc < 32 ? g0 : g1) = bc, changed = true;
+    if (changed) mine = first_of(S, g0, g1);
   }
   return count;
 }
 
 // One block: stage valid (and logp when it fits), pop in warp 0, then write every output in parallel.
-template <int SLOTS>
 __global__ void __launch_bounds__(kThreads) draft_tree_kernel(const DraftTreeArgs a, const bool stage_logp) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int32_t s_count;
   const int S = a.budget + 1, P = a.positions, K = a.k;
-  Smem m;
-  m.f_score = reinterpret_cast<double*>(smem_raw);
-  m.f_parent = reinterpret_cast<int32_t*>(m.f_score + S);
-  m.f_rank = m.f_parent + S;
-  m.f_depth = m.f_rank + S;
-  m.n_parent = m.f_depth + S;
-  m.n_rank = m.n_parent + S;
-  m.n_depth = m.n_rank + S;
-  m.valid = m.n_depth + S;
+  const Smem m = smem_layout(S);
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   for (int p = tid; p < P; p += nt) {
     const int64_t v = a.valid[p];
@@ -163,8 +176,15 @@ __global__ void __launch_bounds__(kThreads) draft_tree_kernel(const DraftTreeArg
   }
   __syncthreads();
   if (tid < 32) {
-    const int n = pop_nodes<SLOTS>(a, m, lp);
-    if (tid == 0) s_count = n;
+    long long c0 = clock64(), t0 = 0, t1 = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const int n = pop_nodes(a, lp);
+    const long long c1 = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    if (tid == 0) {
+      s_count = n;
+      if (a.pop_clock) a.pop_clock[0] = c1 - c0, a.pop_clock[1] = t1 - t0;
+    }
   }
   __syncthreads();
   const int size = s_count + 1;
@@ -186,16 +206,15 @@ __global__ void __launch_bounds__(kThreads) draft_tree_kernel(const DraftTreeArg
     for (int j = i; j >= 0; j = m.n_parent[j]) a.visibility[int64_t(i) * size + j] = 1;
 }
 
-template <int SLOTS>
 void launch(const DraftTreeArgs& a, bool stage, size_t smem, int dev, size_t optin, cudaStream_t s) {
-  static std::atomic<uint64_t> opted{0};  // devices whose limit this instantiation has raised
+  static std::atomic<uint64_t> opted{0};  // devices whose limit has been raised
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (smem > 48 * 1024 && !(opted.load() & bit)) {
-    check(cudaFuncSetAttribute(draft_tree_kernel<SLOTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(optin)),
+    check(cudaFuncSetAttribute(draft_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(optin)),
           "draft tree: shared memory attribute");
     opted.fetch_or(bit);
   }
-  draft_tree_kernel<SLOTS><<<1, kThreads, smem, s>>>(a, stage);
+  draft_tree_kernel<<<1, kThreads, smem, s>>>(a, stage);
   check_launch("draft tree");
 }
 
@@ -216,17 +235,11 @@ void build_draft_tree(const DraftTreeArgs& a, cudaStream_t s) {
   check(cudaDeviceGetAttribute(&optin_i, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory opt-in");
   const size_t optin = size_t(optin_i) - 64;  // room for the static s_count
   const size_t S = size_t(a.budget) + 1;
-  const size_t base = S * (8 + 6 * 4) + size_t(a.positions) * 4;
+  const size_t base = S * (8 + 8 + 6 * 4) + size_t(a.positions) * 4;
   const size_t lp_bytes = size_t(a.positions) * size_t(a.k) * 4;
   const bool stage = base + lp_bytes <= optin;
   const size_t smem = base + (stage ? lp_bytes : 0);
-  const int slots = int((S + 31) / 32);
-  if (slots <= 1) launch<1>(a, stage, smem, dev, optin, s);
-  else if (slots <= 2) launch<2>(a, stage, smem, dev, optin, s);
-  else if (slots <= 4) launch<4>(a, stage, smem, dev, optin, s);
-  else if (slots <= 8) launch<8>(a, stage, smem, dev, optin, s);
-  else if (slots <= 16) launch<16>(a, stage, smem, dev, optin, s);
-  else launch<33>(a, stage, smem, dev, optin, s);
+  launch(a, stage, smem, dev, optin, s);
 }
 
 }  // namespace kd::cuda

@@ -17,14 +17,16 @@
 // updated with the host's expressions in the host's order (sibling: (σ − logp[d−1,r]) +
 // logp[d−1,r+1]; child: σ + logp[d,0]); --fmad=false and no multiplies keep the bits.
 //
-// Cost: the pops are sequential (a pop's result decides what the next may be), one warp-wide
-// reduction (two redux.sync + a ballot) and a rescan of one lane's ≤ 33 registers per node; the
-// rest of the block stages logp into shared memory first and writes tokens, positions and the mask
-// in parallel last. docs/perf.md has the measured times against the host build and its copies.
+// Cost: the pops are sequential (a pop's result decides what the next may be). Slots form groups
+// of 32, each lane holds its groups' best entries in registers, and a pop is three warp-wide
+// reductions (the pop itself, then the two groups it changed) — constant work a node, whatever the
+// budget; the rest of the block stages logp into shared memory first and writes tokens, positions
+// and the mask in parallel last. docs/perf.md has the measured times against the host build.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace kd::cuda {
@@ -54,6 +56,7 @@ struct DraftTreeArgs {
   double* __restrict__ scores = nullptr;        // [budget + 1] σ, root 0
   int32_t* __restrict__ rope_pos = nullptr;     // [budget + 1] start + depth
   uint8_t* __restrict__ visibility = nullptr;   // [size, size] dense, row stride size: 1 where j is i or an ancestor of i
+  int64_t* __restrict__ pop_clock = nullptr;    // [2] optional: the pops' SM cycles (clock64) and ns (globaltimer)
 };
 
 // Queues the build on `s` (one block); argument errors throw before any launch.
@@ -94,6 +97,8 @@ class DeviceDraftTree {
   const int32_t* tokens_dev() const { return out_i32(1); }
   const int32_t* rope_pos_dev() const { return out_i32(5); }
   const uint8_t* visibility_dev() const { return vis_; }
+  // The last build's pop loop: SM cycles and nanoseconds (waits for `s`).
+  std::pair<int64_t, int64_t> last_pop_clock(cudaStream_t s) const;
 
  private:
   void reserve_out(int64_t budget);
@@ -102,6 +107,7 @@ class DeviceDraftTree {
   int64_t cap_ = 0;                  // budget the outputs hold
   void* out_ = nullptr;              // [size | tokens | depths | parents | ranks | rope_pos] int32, scores double
   uint8_t* vis_ = nullptr;           // [(cap + 1)²]
+  int64_t* clock_ = nullptr;         // [2] the pops' cycles and ns
   void* in_ = nullptr;               // uploaded top-k: ids | logp | valid
   void* in_host_ = nullptr;          // pinned mirror
   size_t in_bytes_ = 0;
