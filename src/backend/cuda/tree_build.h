@@ -10,18 +10,22 @@
 // that order is a strict total order on the frontier and every pop is its unique minimum, whatever
 // the heap's layout: any structure that takes the frontier's minimum under that order pops the
 // same sequence. The device keeps the frontier in slots (a popped slot takes its next sibling, a
-// new slot the first child), each warp lane the best of its own slots, and a pop is a warp-wide
-// maximum of the lanes' keys — σ mapped to an order-preserving uint64 (−0 and +0 equal, as the
+// new slot the first child), each group of 32 slots' best entry in a lane, and a pop is a warp-wide
+// maximum of those keys — σ mapped to an order-preserving uint64 (−0 and +0 equal, as the
 // host's `!=` has them) — with equal σ resolved by comparing rank tuples through the parent links
 // (the lowest common ancestor's children decide; a prefix precedes its extensions). σ is double and
 // updated with the host's expressions in the host's order (sibling: (σ − logp[d−1,r]) +
 // logp[d−1,r+1]; child: σ + logp[d,0]); --fmad=false and no multiplies keep the bits.
 //
-// Cost: the pops are sequential (a pop's result decides what the next may be). Slots form groups
-// of 32, each lane holds its groups' best entries in registers, and a pop is three warp-wide
-// reductions (the pop itself, then the two groups it changed) — constant work a node, whatever the
-// budget; the rest of the block stages logp into shared memory first and writes tokens, positions
-// and the mask in parallel last. docs/perf.md has the measured times against the host build.
+// Input contract (draft_top_k's): no NaN logp, ranks below valid[p] finite, valid[p] ≤ k (the kernel
+// clamps it there); the host builder's behaviour outside it is undefined anyway.
+//
+// Cost: the pops are sequential (a pop's result decides what the next may be): three warp-wide
+// reductions a node (the pop itself, then the ≤ 2 groups it changed, one slot a lane) — constant
+// work a node, whatever the budget; the rest of the block stages logp into shared memory first and
+// writes tokens, positions and the mask in parallel last. Measured on an H200 (docs/perf.md):
+// ≈ 1.2–1.3k cycles a node, slower than the host build plus its upload at every budget, so the round
+// does not use it yet.
 #pragma once
 #include <cuda_runtime_api.h>
 
