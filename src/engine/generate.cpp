@@ -82,6 +82,11 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
     }
     if (opt.keep_logits) r.logits.insert(r.logits.end(), ev.logits.begin(), ev.logits.end());
     if (ev.done) {
+      // Once `done` is set the caller may return and destroy everything captured here (this frame's
+      // mutex, results and callback_error): nothing of it is touched after the lock is released —
+      // the answer is taken first and cv is notified under the lock (clang's ASan found the read of
+      // callback_error after the unlock, a stack-use-after-scope).
+      const bool keep = !callback_error;
       std::lock_guard<std::mutex> lk(mu);
       r.finish_reason = ev.finish_reason;
       const RequestStats& s = ev.stats;
@@ -109,6 +114,7 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
       if (ev.finish_reason == "error") r.finish_reason = "error: " + ev.error;
       done = true;
       cv.notify_all();
+      return keep;
     }
     return !callback_error;
   };
