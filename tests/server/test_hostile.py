@@ -132,8 +132,8 @@ def protocol_cases() -> list[Req]:
         Req("tokenize-bad-content", post_bytes("/tokenize", b'{"content": 5}'), 400, "'content'"),
         Req("detokenize-bad-id", post_bytes("/detokenize", b'{"tokens": [1, -3]}'), 400, "tokens[1]"),
         Req("strict-tool-unsupported-schema", post_bytes(CHAT, json.dumps({"messages": MSGS, "tools": [{"type": "function", "function": {
-            "name": "f", "strict": True, "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}]}).encode()),
-            400, "$.properties.n.minimum: not supported"),
+            "name": "f", "strict": True, "parameters": {"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 1}}}}}}]}).encode()),
+            400, "$.properties.n.not: not supported"),
     ]
 
 
