@@ -5,16 +5,7 @@
 
 #include "core/dtype.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-// GCC 12 warns that the _mm512_undefined_* temporaries inside its own intrinsic headers may be used
-// uninitialised (GCC bug 105593, fixed in 13); the intrinsics used here never read them.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#endif
-#include "backend/cpu/lanes.h"  // after the pragmas: its intrinsics are used here
+#include "backend/cpu/lanes.h"  // <immintrin.h> and the GCC 12 intrinsic-warning pragmas (see there)
 
 namespace kd::cpu {
 

@@ -2,9 +2,16 @@
 // over 64 fp32 lanes held in four AVX-512 registers (natural order: a0 = lanes 0–15, …, a3 = 48–63).
 // One definition, so the fused dots (dot.cpp) and the tiled multi-row kernels (tile.cpp) sum in the
 // same order bit for bit. Internal to the CPU backend; AVX-512 builds only.
+// Including it also silences, for the rest of the including file, GCC 12's -Wmaybe-uninitialized /
+// -Wuninitialized on the _mm512_undefined_* temporaries inside its own intrinsic headers (GCC bug
+// 105593, fixed in 13; the intrinsics used here never read them): every includer uses intrinsics.
 #pragma once
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 namespace kd::cpu::lanes {
 

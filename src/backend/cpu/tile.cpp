@@ -7,15 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-// GCC 12's intrinsic headers trip -Wmaybe-uninitialized on their own temporaries (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#endif
-#include "backend/cpu/lanes.h"
+#include "backend/cpu/lanes.h"  // <immintrin.h> and the GCC 12 intrinsic-warning pragmas (see there)
 
 namespace kd::cpu {
 
