@@ -62,6 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Fixture& f = fixture();
   const uint8_t lie = data[0], cut = data[1];
   const std::string header = f.headers.generate(data + 2, size - 2);
+  kdfuzz::dump_if_asked(header);  // KDTREE_FUZZ_DUMP=FILE: the header text this input stands for
   const std::string& body = f.data[data[2] % f.data.size()];
   uint64_t n = header.size();
   switch (lie % 16) {

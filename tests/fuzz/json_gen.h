@@ -87,7 +87,8 @@ inline const char* const kBadUtf8[] = {"\xff", "\xfe\xff", "\xc0\xaf", "\xc0\x80
 inline const size_t kDepths[] = {65, 66, 100, 257, 1000, 5000, 20000, 100000, 200000};
 
 enum Op : uint8_t {
-  kDeep,       // replace the value by nesting kDepths[…] deep (arrays, objects or both; closed or not)
+  kDeep,       // replace the value by nesting kDepths[…] deep (arrays, objects or both; closed or not;
+               // ≥ 20,000 levels a quarter as often as drawn: keep_huge())
   kNumber,     // replace by a kNumbers entry, or a variant of the template's own number
   kLongString, // replace by a string of 300 B … 1 MiB
   kBadString,  // replace by a string holding invalid UTF-8 / lone surrogates
@@ -306,8 +307,16 @@ class Mutator {
     }
   }
 
+  // Whether a huge size just drawn stays huge: one more byte, kept 1 time in 4 (and when the input
+  // is exhausted, so a short seed ending here means what it meant before this gate existed). The
+  // huge cases (≥ 20,000 levels, 1 MiB strings, 10,000 repeats) cost milliseconds each to build and
+  // parse under ASan; drawn as often as the small ones they made most executions slow without
+  // finding more (the bounded parser refuses 65 levels as it refuses 200,000).
+  bool keep_huge() { return in_.empty() || in_.u8() % 4 == 0; }
+
   void deep(const ojson& v, const std::string* key) {
     size_t depth = kDepths[in_.below(std::size(kDepths))];
+    if (depth >= 20000 && !keep_huge()) depth = 5000;
     const uint8_t shape = in_.u8();
     const int kind = shape % 3;  // 0 arrays, 1 objects, 2 alternating
     const bool unclosed = (shape >> 2) % 16 == 0;
@@ -315,15 +324,15 @@ class Mutator {
     const std::string k = ojson(key ? *key : std::string("a")).dump(-1, ' ', false, ojson::error_handler_t::replace);
     const size_t per_level = kind == 0 ? 2 : k.size() + 3;
     while (depth > 0 && !room(depth * per_level + 64)) depth /= 2;
-    std::vector<bool> obj(depth);
-    for (size_t i = 0; i < depth; ++i) {
-      obj[i] = kind == 1 || (kind == 2 && i % 2);
-      if (obj[i]) {
-        out_ += '{';
-        out_ += k;
-        out_ += ':';
-      } else {
-        out_ += '[';
+    // Level i is an object when kind == 1, or kind == 2 and i is odd; else an array.
+    const auto is_obj = [kind](size_t i) { return kind == 1 || (kind == 2 && i % 2); };
+    const std::string open_obj = '{' + k + ':';
+    if (kind == 0) {
+      out_.append(depth, '[');
+    } else {
+      for (size_t i = 0; i < depth; ++i) {
+        if (is_obj(i)) out_ += open_obj;
+        else out_ += '[';
       }
     }
     switch (inner) {
@@ -333,7 +342,10 @@ class Mutator {
       default: plain(v); break;  // the template's own value at the bottom
     }
     if (unclosed || done_) return;
-    for (size_t i = depth; i-- > 0;) out_ += obj[i] ? '}' : ']';
+    if (kind == 0) out_.append(depth, ']');
+    else if (kind == 1) out_.append(depth, '}');
+    else
+      for (size_t i = depth; i-- > 0;) out_ += is_obj(i) ? '}' : ']';
   }
 
   void number(const ojson& v) {
@@ -361,6 +373,7 @@ class Mutator {
   void long_string() {
     static const size_t kLens[] = {300, 4097, 65536, size_t(1) << 20};
     size_t n = kLens[in_.below(std::size(kLens))];
+    if (n == kLens[std::size(kLens) - 1] && !keep_huge()) n = kLens[std::size(kLens) - 2];
     while (n > 0 && !room(n + 8)) n /= 4;
     const uint8_t fill = in_.u8();
     out_ += '"';
@@ -459,7 +472,8 @@ class Mutator {
 
   size_t repeat_count() {
     static const size_t kCounts[] = {2, 3, 17, 100, 1000, 10000};
-    return kCounts[in_.below(std::size(kCounts))];
+    const size_t n = kCounts[in_.below(std::size(kCounts))];
+    return n == 10000 && !keep_huge() ? 1000 : n;
   }
   std::string pick_key() { return keys_.empty() ? "a" : keys_[in_.below(keys_.size())]; }
   std::string pick_string() { return strings_.empty() ? "a" : strings_[in_.below(strings_.size())]; }
@@ -528,15 +542,18 @@ inline bool looks_like_json_text(const uint8_t* data, size_t size) {
 // Raw JSON text, or the text template mode makes of the bytes. With KDTREE_FUZZ_DUMP=FILE set, the
 // text is also written to FILE (the last one wins): what a crash input means, e.g.
 //   KDTREE_FUZZ_DUMP=/tmp/t.json build/fuzz/fuzz_config crash-…
-inline std::string json_input(const Templates& t, const uint8_t* data, size_t size) {
-  std::string text = looks_like_json_text(data, size) ? std::string(reinterpret_cast<const char*>(data), size)
-                                                      : t.generate(data, size);
+inline void dump_if_asked(const std::string& text) {
   static const char* const dump = std::getenv("KDTREE_FUZZ_DUMP");
   if (dump && *dump)
     if (std::FILE* f = std::fopen(dump, "wb")) {
       std::fwrite(text.data(), 1, text.size(), f);
       std::fclose(f);
     }
+}
+inline std::string json_input(const Templates& t, const uint8_t* data, size_t size) {
+  std::string text = looks_like_json_text(data, size) ? std::string(reinterpret_cast<const char*>(data), size)
+                                                      : t.generate(data, size);
+  dump_if_asked(text);
   return text;
 }
 
