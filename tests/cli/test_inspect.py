@@ -248,7 +248,7 @@ def test_k2_tp1_is_refused_with_the_numbers_and_what_to_do():
     assert f"{H200_GIB * 2 ** 30 / 1e9:.3f} GB" in r.stderr, r.stderr
     assert "--tp 8 fits" in r.stderr, r.stderr  # the smallest R (of 2, 4, 8, …) that holds K2 and the KV
     # The plan is printed all the same (stdout), saying it does not fit; the refusal is the error (exit 1).
-    assert "tp            1 ranks" in r.stdout and "DOES NOT FIT 139 GiB" in r.stdout, r.stdout
+    assert "tp            1 ranks" in r.stdout and "DOES NOT FIT  139 GiB (" in r.stdout, r.stdout
     assert f"weights {per_rank / 1e9:.3f} GB" in r.stdout, r.stdout
 
 
@@ -300,7 +300,7 @@ def test_tp_flags_in_help_and_the_limit_without_tp_plans_one_gpu():
         r = kdtree("inspect", "--preset", "k2", flag, 80, ok=False)
         assert r.returncode == 1, str(r)
         assert "does not fit a 80 GiB GPU" in r.stderr and f"{per_rank / 1e9:.3f} GB" in r.stderr, r.stderr
-        assert "DOES NOT FIT 80 GiB" in r.stdout and "tp            1 ranks" in r.stdout, r.stdout
+        assert "DOES NOT FIT  80 GiB (" in r.stdout and "tp            1 ranks" in r.stdout, r.stdout
     assert kdtree("inspect", "--preset", "k2", "--tp", 0).returncode == 2
     assert kdtree("inspect", "--preset", "k2", "--gpu-memory-limit", 0).returncode == 2
 
@@ -363,7 +363,7 @@ def test_gpu_memory_limit_on_a_checkpoint_refuses_then_fits_with_the_numbers(R):
     assert f"= {need / 1e9:.3f} GB a GPU" in r.stderr, r.stderr
     # Text: the plan, its verdict on stdout, the numbers and a way out on stderr.
     t = kdtree("inspect", "-m", d, *tp, "--gpu-memory-limit", 2, ok=False)
-    assert "DOES NOT FIT 2 GiB" in t.stdout and "refused" in t.stdout, t.stdout
+    assert "DOES NOT FIT  2 GiB (" in t.stdout and "refused" in t.stdout, t.stdout
     assert "no valid --tp fits this GPU" in t.stderr, t.stderr  # the fixed 2 GiB alone fills it at every R
 
 
