@@ -124,7 +124,8 @@ int cmd_bench(const BenchOptions& o) {
 
   std::vector<int32_t> prompt(size_t(o.n_prompt));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
-  std::vector<double> pp_ms, tg_ms, pp_gb, tg_gb;
+  std::vector<double> pp_ms, tg_ms, pp_gb, tg_gb, tg_comm_ms;  // tg_comm_ms: rank 0's communicator time (--tp R)
+  auto comm_s = [&] { return tp ? tp->comm_seconds() : 0.0; };
   std::vector<float> logits(size_t(c.vocab_size));
   for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {  // the first repetition warms caches and is dropped
     LatentCache cache = model.new_cache(o.n_prompt + o.n_gen + 1);
@@ -134,6 +135,7 @@ int cmd_bench(const BenchOptions& o) {
     const double pp = (now_s() - t0) * 1e3;
     const uint64_t pp_bytes = st.weight_bytes;
     st = {};
+    const double comm0 = comm_s();
     t0 = now_s();
     for (int64_t i = 0; i < o.n_gen; ++i) {
       int32_t tok = argmax(logits.data(), int32_t(c.vocab_size));
@@ -141,6 +143,7 @@ int cmd_bench(const BenchOptions& o) {
     }
     const double tg = (now_s() - t0) * 1e3;
     if (rep == 0) continue;
+    tg_comm_ms.push_back((comm_s() - comm0) * 1e3);
     pp_ms.push_back(pp);
     tg_ms.push_back(tg);
     pp_gb.push_back(double(pp_bytes) / (pp * 1e-3) / 1e9);
@@ -151,6 +154,7 @@ int cmd_bench(const BenchOptions& o) {
   struct VerifyPoint {
     int64_t nodes;
     double ms, cpu_ms;      // wall clock; process CPU time
+    double comm_ms;         // --tp R: rank 0's communicator time within ms (0 without TP)
     uint64_t weight_bytes;  // every matrix the forward touched, each routed expert once
   };
   std::vector<VerifyPoint> curve;
@@ -170,7 +174,7 @@ int cmd_bench(const BenchOptions& o) {
         pos[size_t(i)] = int32_t(o.n_prompt + depth[size_t(i)]);
       }
       std::vector<float> vlogits(static_cast<size_t>(n * c.vocab_size));
-      std::vector<double> runs, cpu_runs;
+      std::vector<double> runs, cpu_runs, comm_runs;
       ForwardStats vst;
       LatentCache cache = model.new_cache(o.n_prompt + n + 1);
       forward_cached(target, cache, prompt.data(), o.n_prompt, AttnForm::expanded, false, logits.data());
@@ -185,20 +189,25 @@ int cmd_bench(const BenchOptions& o) {
         a.logits = vlogits.data();
         vst = {};
         a.stats = &vst;
-        const double t0 = now_s(), c0 = process_cpu_s();
+        const double t0 = now_s(), c0 = process_cpu_s(), m0 = comm_s();
         forward_cached(target, cache, a);
         if (rep > 0) {
           runs.push_back((now_s() - t0) * 1e3);
           cpu_runs.push_back((process_cpu_s() - c0) * 1e3);
+          comm_runs.push_back((comm_s() - m0) * 1e3);
         }
       }
-      curve.push_back({N, median(runs), median(cpu_runs), vst.weight_bytes});
+      curve.push_back({N, median(runs), median(cpu_runs), median(comm_runs), vst.weight_bytes});
     }
   }
   const double pp = median(pp_ms), tg = median(tg_ms);
   const double pp_tps = double(o.n_prompt) / pp * 1e3, tg_tps = double(o.n_gen) / tg * 1e3;
   const double pp_gbps = median(pp_gb), tg_gbps = median(tg_gb);
   const int threads = ThreadPool::global().size();
+  // --tp R: per decode token, rank 0's time in the communicator (the reductions and the argmax exchange,
+  // with the wait for the slowest rank), median over the repetitions.
+  const double tg_comm = tp ? median(tg_comm_ms) / double(o.n_gen) : 0.0;
+  const double tg_token_ms = tg / double(o.n_gen);
   if (o.json) {
     nlohmann::ordered_json j = {
         {"model", o.model}, {"backend", "cpu"}, {"tensor_parallel", o.tp.tp}, {"threads", threads}, {"weights_bytes", stats.stored_bytes},
@@ -208,11 +217,18 @@ int cmd_bench(const BenchOptions& o) {
                     {"fraction_of_read_bandwidth", tg_gbps / bw}}}};
     if (!curve.empty()) {
       nlohmann::ordered_json jc = nlohmann::ordered_json::array();
-      for (const VerifyPoint& v : curve)
+      for (const VerifyPoint& v : curve) {
         jc.push_back({{"nodes", v.nodes}, {"ms", v.ms}, {"cost_ratio", v.ms / curve[0].ms}, {"cpu_ms", v.cpu_ms}, {"weight_bytes", v.weight_bytes},
                       {"floor_ms", double(v.weight_bytes) / bw * 1e-6}});
+        if (tp) jc.back()["comm_ms"] = v.comm_ms;
+      }
       j["verify_curve"] = jc;
     }
+    if (tp)
+      j["tensor_parallel_comm"] = {{"ranks", o.tp.tp}, {"reductions_per_step", 2 * c.num_hidden_layers},
+                              {"decode_comm_ms_per_token", tg_comm}, {"decode_ms_per_token", tg_token_ms},
+                              {"decode_comm_share", tg_comm / tg_token_ms},
+                              {"comm_timed", "rank 0's wall time in the communicator, waits for the other ranks included"}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -226,14 +242,21 @@ int cmd_bench(const BenchOptions& o) {
   if (!curve.empty()) {
     // Floor: the weight bytes the forward touched (routed experts: the distinct ones its rows chose)
     // at the read bandwidth measured above.
-    std::printf("\n| verify nodes N | ms | cost(N)/cost(1) | process CPU ms | weight MB | floor ms | %% of floor |\n"
-                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("\n| verify nodes N | ms | cost(N)/cost(1) | process CPU ms | weight MB | floor ms | %% of floor |%s\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s\n",
+                tp ? " comm ms (rank 0) |" : "", tp ? " ---: |" : "");
     for (const VerifyPoint& v : curve) {
       const double floor_ms = double(v.weight_bytes) / bw * 1e-6;
-      std::printf("| %lld | %.2f | %.2f | %.2f | %.1f | %.2f | %.0f %% |\n", (long long)v.nodes, v.ms, v.ms / curve[0].ms, v.cpu_ms,
+      std::printf("| %lld | %.2f | %.2f | %.2f | %.1f | %.2f | %.0f %% |", (long long)v.nodes, v.ms, v.ms / curve[0].ms, v.cpu_ms,
                   double(v.weight_bytes) / 1e6, floor_ms, 100 * floor_ms / v.ms);
+      if (tp) std::printf(" %.2f |", v.comm_ms);
+      std::printf("\n");
     }
   }
+  if (tp)
+    std::printf("\ntensor parallel over %d CPU ranks: %lld reductions a step; rank 0 spends %.3f of a decode token's %.3f ms in the "
+                "communicator (%.0f %%: the rank-order sums, the argmax exchange and the wait for the slowest rank)\n",
+                o.tp.tp, (long long)(2 * c.num_hidden_layers), tg_comm, tg_token_ms, 100 * tg_comm / tg_token_ms);
   std::printf("\nmeasured read bandwidth: %.2f GB/s (%d threads, median of 9); median of %lld repetitions\n", bw, threads,
               (long long)o.repetitions);
   return 0;

@@ -14,7 +14,9 @@
 #include "model/tp_plan.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "model/deepseek_v3_cuda.h"
+#include "model/deepseek_v3_cuda_tp.h"
 #include "cli/bench_cuda.h"
+#include "cli/device.h"
 #include "io/checkpoint.h"
 #endif
 
@@ -61,25 +63,162 @@ BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const c
   if (o.preset.empty() && o.model.empty()) fail(what, " needs -m DIR or --preset k2-slice");
   if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
   if (o.tp.tp > 1 && o.preset.empty())
-    fail("--tp ", o.tp.tp, " -m DIR --device cuda: the GPU benchmark times one target's own forward; --preset k2-slice "
-         "--tp R times one rank's share and the reductions, and `run` / `serve --tp R` run the tensor-parallel target");
-  if (!o.tp.devices.empty()) fail("--devices: the GPU benchmark runs on GPU 0 (pick another with CUDA_VISIBLE_DEVICES)");
+    fail("--tp ", o.tp.tp, " -m DIR: ", what, " runs one GPU target (over a tensor-parallel one it is not built; "
+         "`bench --device cuda -m DIR --tp R` without --serve times the tensor-parallel target's forward)");
+  if (!o.tp.devices.empty())
+    fail("--devices: ", what, " runs on GPU 0 (pick another with CUDA_VISIBLE_DEVICES; --devices applies with -m DIR --tp R)");
+  const uint64_t limit = uint64_t(o.tp.gpu_memory_limit_gib * double(1ull << 30));
   BenchTarget b;
   if (!o.preset.empty()) {
+    const ModelConfig cfg = k2_slice_config(o.tp.tp);
+    check_gpu_memory_plan(cfg, {0}, limit, max_tokens, cat("bench --device cuda --preset ", o.preset));
     log_info("making k2-slice's random weights on the GPU …");
-    b.target = std::make_unique<CudaTarget>(k2_slice_config(o.tp.tp), max_tokens, 1234, true);
+    b.target = std::make_unique<CudaTarget>(cfg, max_tokens, 1234, true);
     b.label = o.tp.tp > 1 ? cat("k2-slice, one rank of TP ", o.tp.tp, " (random, INT4 g32 experts)")
                           : std::string("k2-slice (random, INT4 g32 experts)");
   } else {
     Checkpoint ck(o.model);
+    check_gpu_memory_plan(ck.config(), {0}, limit, max_tokens, "bench --device cuda");  // before a weight is read
     DeepseekV3 model(ck);
-    b.target = std::make_unique<CudaTarget>(model, max_tokens);  // the weights are on the device now
+    Progress progress("loading weights to GPU 0", plan_tp(ck.config(), 1).weight_bytes_by_rank[0], "B");
+    b.target = std::make_unique<CudaTarget>(model, max_tokens, &progress);  // the weights are on the device now
+    progress.finish();
     b.label = o.model;
   }
   return b;
 }
 
+
+namespace {
+
+// `bench --device cuda -m DIR --tp R`: the tensor-parallel target made from the checkpoint (as run and
+// serve make it: LoadedTarget, its memory plan and devices), timed through the Target interface as the
+// engine drives it — one sequence in a paged KV, argmax outputs, a host sync a forward — wall-clock
+// medians: prefill, AR decode steps and the verify cost curve. The reductions' share: a reduction of
+// 1 and 17 rows among R ranks on this GPU, timed alone (the emulation's SharedDeviceComm), times the
+// 2 a layer a step makes; over NCCL (a GPU a rank) it is not timed here.
+int bench_cuda_tp(const BenchOptions& o) {
+  if (!o.serve.empty()) fail("--tp ", o.tp.tp, " --serve: the engine load test runs one GPU target");
+  const std::vector<int64_t> nodes = verify_sizes_or_default(o);
+  const int64_t cap = o.n_prompt + std::max<int64_t>(o.n_gen, *std::max_element(nodes.begin(), nodes.end()) + 1) + 2;
+  const LoadedTarget lt("cuda", o.model, o.tp, cap);
+  const auto& t = static_cast<const CudaTpTarget&>(lt.target());
+  const ModelConfig& c = t.config();
+  const int32_t R = t.ranks();
+  const int64_t bt = 16, nb = (cap + bt - 1) / bt;
+  t.init_kv(nb, bt);
+  KvView kv;
+  kv.dim = c.latent_dim();
+  kv.n_layers = c.num_hidden_layers;
+  kv.block_tokens = bt;
+  for (int64_t b = 0; b < nb; ++b) kv.blocks.push_back(int32_t(b));
+  std::vector<int32_t> am_ids(static_cast<size_t>(cap));
+  std::vector<float> am_vals(static_cast<size_t>(cap));
+  // One forward of the sequence (rows after `start` committed rows), argmax outputs; wall milliseconds.
+  auto forward = [&](const std::vector<int32_t>& ids, int64_t start, const int32_t* pos, const uint8_t* vis, bool all_rows) {
+    SeqForward s;
+    s.kv = kv;
+    s.start = start;
+    s.args.ids = ids.data();
+    s.args.n = int64_t(ids.size());
+    s.args.positions = pos;
+    s.args.visibility = vis;
+    s.args.all_logits = all_rows;
+    s.args.argmax_ids = am_ids.data();
+    s.args.argmax_vals = am_vals.data();
+    const double t0 = now_s();
+    t.forward_batch({s});
+    return (now_s() - t0) * 1e3;
+  };
+  std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+  std::vector<double> pp, tg;
+  for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {  // the first repetition warms up and is dropped
+    const double ms = forward(prompt, 0, nullptr, nullptr, false);
+    std::vector<double> steps;
+    for (int64_t i = 0; i < o.n_gen; ++i) steps.push_back(forward({am_ids[0]}, o.n_prompt + i, nullptr, nullptr, false));
+    if (rep == 0) continue;
+    pp.push_back(ms);
+    tg.insert(tg.end(), steps.begin(), steps.end());
+  }
+  struct Point {
+    int64_t N;
+    double ms;
+  };
+  std::vector<Point> curve;
+  forward(prompt, 0, nullptr, nullptr, false);
+  for (int64_t N : nodes) {
+    // [root + N nodes] shaped like a DDTree tree (a chain of 7, then siblings on it), uncommitted.
+    const int64_t n = N + 1;
+    std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n)), parent(static_cast<size_t>(n), -1);
+    std::vector<int32_t> depth(static_cast<size_t>(n), 0);
+    std::vector<uint8_t> vis(static_cast<size_t>(n * n), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i > 0) {
+        parent[size_t(i)] = i <= 7 ? int32_t(i - 1) : int32_t((i * 5) % 7);
+        depth[size_t(i)] = depth[size_t(parent[size_t(i)])] + 1;
+      }
+      ids[size_t(i)] = int32_t((i * 131 + 11) % c.vocab_size);
+      for (int64_t a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i * n + a)] = 1;
+      pos[size_t(i)] = int32_t(o.n_prompt + depth[size_t(i)]);
+    }
+    std::vector<double> runs;
+    for (int64_t rep = 0; rep < o.repetitions + 1; ++rep) {
+      const double ms = forward(ids, o.n_prompt, pos.data(), vis.data(), true);
+      if (rep > 0) runs.push_back(ms);
+    }
+    curve.push_back({N, median(runs)});
+  }
+  const double pp_ms = median(pp), tg_ms = median(tg);
+  const int64_t reductions = 2 * c.num_hidden_layers;
+  double red_us_1 = 0, red_us_17 = 0;
+  if (t.shared_device()) {
+    red_us_1 = timed_reduction_us(R, 1, c.hidden_size, 200);
+    red_us_17 = timed_reduction_us(R, 17, c.hidden_size, 200);
+  }
+  const double red_ms = double(reductions) * red_us_1 * 1e-3;
+  uint64_t weights = 0;
+  for (int32_t r = 0; r < R; ++r) weights += t.rank(r).device_weight_bytes();
+  if (o.json) {
+    nlohmann::ordered_json j = {
+        {"model", o.model}, {"backend", "cuda"}, {"device", t.device()}, {"weights_bytes", weights},
+        {"repetitions", o.repetitions},
+        {"prefill", {{"tokens", o.n_prompt}, {"ms", pp_ms}, {"tokens_per_s", double(o.n_prompt) / pp_ms * 1e3}}},
+        {"decode", {{"steps", o.n_gen}, {"ms_per_token", tg_ms}, {"tokens_per_s", 1e3 / tg_ms}}}};
+    nlohmann::ordered_json jc = nlohmann::ordered_json::array();
+    for (const Point& p : curve) jc.push_back({{"nodes", p.N}, {"rows", p.N + 1}, {"ms", p.ms}, {"cost_ratio", p.ms / curve[0].ms}});
+    j["verify_curve"] = jc;
+    nlohmann::ordered_json jt = {{"ranks", R}, {"devices", o.tp.devices}, {"shared_device", t.shared_device()},
+                                 {"reductions_per_step", reductions}};
+    if (t.shared_device())
+      jt.update({{"reduction_us_1_row", red_us_1}, {"reduction_us_17_rows", red_us_17}, {"reduction_ms_per_step", red_ms},
+                 {"reduction_share_of_decode", red_ms / tg_ms}, {"reduction_timed", "alone, among the ranks on this GPU"}});
+    j["tensor_parallel"] = jt;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("target: %s; weights on the device(s) %.3f GB (all ranks)\n", t.device().c_str(), double(weights) / 1e9);
+  std::printf("| model | backend | test | ms | t/s |\n| --- | --- | --- | ---: | ---: |\n");
+  std::printf("| %s | cuda tp%d | pp%lld | %.2f | %.1f |\n", o.model.c_str(), R, (long long)o.n_prompt, pp_ms, double(o.n_prompt) / pp_ms * 1e3);
+  std::printf("| %s | cuda tp%d | tg%lld (per token) | %.3f | %.1f |\n", o.model.c_str(), R, (long long)o.n_gen, tg_ms, 1e3 / tg_ms);
+  std::printf("\n| verify nodes N (+root) | ms | cost(N)/cost(%lld) |\n| ---: | ---: | ---: |\n", (long long)curve[0].N);
+  for (const Point& p : curve) std::printf("| %lld | %.3f | %.2f |\n", (long long)p.N, p.ms, p.ms / curve[0].ms);
+  if (t.shared_device())
+    std::printf("\nreductions: %lld a step; one among %d ranks on this GPU, timed alone: %.1f us (1 row), %.1f us (17 rows) → "
+                "%.3f ms of the %.3f ms decode step (%.0f %%)\n",
+                (long long)reductions, R, red_us_1, red_us_17, red_ms, tg_ms, 100 * red_ms / tg_ms);
+  else
+    std::printf("\nreductions: %lld a step over NCCL (a GPU a rank), inside the times above; not timed apart\n", (long long)reductions);
+  std::printf("\nwall-clock medians of %lld repetitions (decode: of every step), after one warm-up; each forward ends in a host "
+              "sync, as the engine's do\n",
+              (long long)o.repetitions);
+  return 0;
+}
+
+}  // namespace
+
 int cmd_bench_cuda(const BenchOptions& o) {
+  if (o.tp.tp > 1 && o.preset.empty() && !o.model.empty()) return bench_cuda_tp(o);
   const std::vector<int64_t> nodes = verify_sizes_or_default(o);
   const int64_t cap = o.n_prompt + std::max<int64_t>(o.n_gen, *std::max_element(nodes.begin(), nodes.end()) + 1) + 2;
   BenchTarget bt = load_bench_target(o, cap, "bench --device cuda");

@@ -27,15 +27,17 @@ void add_inspect(CLI::App& app, InspectOptions& o) {
       ->transform(whole_number(o.ctx))
       ->check(CLI::PositiveNumber);
   c->add_flag("--json", o.json, "Print one JSON object");
-  auto* tp = c->add_option("--tp,--tensor-parallel", o.tp,
-                           "Tensor-parallel ranks R (one GPU each): print the per-GPU memory plan (weights per rank, KV per "
-                           "token per rank, a workspace estimate, how many KV tokens fit) and refuse a plan that does not fit "
-                           "--ctx tokens in --gpu-memory; R must divide the heads and the MLP slices (K2: 1, 2, 4, 8, 16, 32, 64)")
-                 ->transform(whole_number(o.tp))
-                 ->check(CLI::PositiveNumber);
-  c->add_option("--gpu-memory", o.gpu_memory_gib, "Memory per GPU in GiB for the --tp plan (default 139: an H200)")
-      ->check(CLI::PositiveNumber)
-      ->needs(tp);
+  c->add_option("--tp,--tensor-parallel", o.tp,
+                 "Tensor-parallel ranks R (one GPU each): print the per-GPU memory plan (weights per rank, KV per "
+                 "token per rank, a workspace estimate, how many KV tokens fit) and say whether it fits --ctx tokens in "
+                 "--gpu-memory-limit; R must divide the heads and the MLP slices (K2: 1, 2, 4, 8, 16, 32, 64)")
+      ->transform(whole_number(o.tp))
+      ->check(CLI::PositiveNumber);
+  c->add_option("--gpu-memory-limit,--gpu-memory", o.gpu_memory_gib,
+                "GiB kdtree may use on each GPU, as run / serve / bench --gpu-memory-limit take it: the per-GPU plan "
+                "(at --tp R, else for one GPU) is checked against it (default with --tp: 139, an H200). A plan that does "
+                "not fit is printed, then refused (exit 1) with the numbers and what to do")
+      ->check(CLI::PositiveNumber);
 }
 
 namespace {
@@ -61,32 +63,34 @@ std::string count(int64_t n) {
 struct TpReport {
   TpPlan plan;
   TpMemory mem;
+  std::string refusal;  // "" when the plan fits, else why not, with the numbers and what to do
 };
 
+// The GPU each rank may use: --gpu-memory-limit, else an H200's 139 GiB.
+double gpu_gib(const InspectOptions& o) { return o.gpu_memory_gib > 0 ? o.gpu_memory_gib : 139.0; }
+int32_t plan_ranks(const InspectOptions& o) { return o.tp > 0 ? o.tp : 1; }
+
 TpReport tp_report(const ModelConfig& c, const InspectOptions& o) {
-  const uint64_t gpu = uint64_t(o.gpu_memory_gib * double(1ull << 30));
-  TpReport t{plan_tp(c, o.tp), {}};
+  const int32_t R = plan_ranks(o);
+  const uint64_t gpu = uint64_t(gpu_gib(o) * double(1ull << 30));
+  TpReport t{plan_tp(c, R), {}, ""};
   t.mem = tp_memory(c, t.plan, gpu);
   if (t.mem.kv_tokens_fit >= o.ctx) return t;
   const TpMemory& m = t.mem;
   const uint64_t kv_ctx = m.kv_bytes_per_token * uint64_t(o.ctx);
   std::string fix;
-  for (int32_t r : valid_tp_ranks(c)) {
-    if (r <= o.tp) continue;
-    const TpMemory mr = tp_memory(c, plan_tp(c, r), gpu);
-    if (mr.kv_tokens_fit >= o.ctx) {
-      fix = cat("use more ranks: --tp ", r, " fits (", gb(mr.weight_bytes), " of weights a GPU, room for ", mr.kv_tokens_fit,
-                " KV tokens)");
-      break;
-    }
-  }
-  if (m.kv_tokens_fit > 0) fix = cat("use less context: --ctx ", m.kv_tokens_fit, " or less fits at --tp ", o.tp,
+  TpMemory mr;
+  if (const int32_t r = tp_ranks_that_fit(c, R, gpu, o.ctx, &mr))
+    fix = cat("use more ranks: --tp ", r, " fits (", gb(mr.weight_bytes), " of weights a GPU, room for ", mr.kv_tokens_fit,
+              " KV tokens)");
+  if (m.kv_tokens_fit > 0) fix = cat("use less context: --ctx ", m.kv_tokens_fit, " or less fits at --tp ", R,
                                      fix.empty() ? "" : "; or ", fix);
   if (fix.empty()) fix = "no valid --tp fits this GPU: use GPUs with more memory";
-  fail("inspect --tp ", o.tp, ": the plan does not fit a ", o.gpu_memory_gib, " GiB GPU (", gb(gpu), "): weights ",
-       gb(m.weight_bytes), " a rank + workspace ", gb(m.workspace_bytes), " (estimate) + KV ", gb(kv_ctx), " for ", o.ctx,
-       " tokens (", m.kv_bytes_per_token, " B a token, latent on every rank) = ", gb(m.weight_bytes + m.workspace_bytes + kv_ctx),
-       " a GPU; ", fix);
+  t.refusal = cat("inspect --tp ", R, ": the plan does not fit a ", gpu_gib(o), " GiB GPU (", gb(gpu), "): weights ",
+                  gb(m.weight_bytes), " a rank + workspace ", gb(m.workspace_bytes), " (estimate) + KV ", gb(kv_ctx), " for ", o.ctx,
+                  " tokens (", m.kv_bytes_per_token, " B a token, latent on every rank) = ",
+                  gb(m.weight_bytes + m.workspace_bytes + kv_ctx), " a GPU; ", fix);
+  return t;
 }
 
 nlohmann::ordered_json tp_json(const ModelConfig& c, const TpReport& t, const InspectOptions& o) {
@@ -114,6 +118,8 @@ nlohmann::ordered_json tp_json(const ModelConfig& c, const TpReport& t, const In
           {"gpu_memory_bytes", t.mem.gpu_bytes},
           {"kv_tokens_fit", t.mem.kv_tokens_fit},
           {"ctx", o.ctx},
+          {"fits", t.refusal.empty()},
+          {"refusal", t.refusal},
           {"reductions_per_step", p.reductions_per_step},
           {"reduction_values_per_row", p.reduction_values_per_row},
           {"reduction_bytes_per_row", p.reduction_bytes_per_row}};
@@ -133,8 +139,9 @@ void print_tp(const ModelConfig& c, const TpReport& t, const InspectOptions& o) 
   std::printf("per GPU       weights %s, KV %llu B a token (latent on every rank), workspace %s (estimate: %s fixed + %lld rows × %llu B)\n",
               gb(m.weight_bytes).c_str(), (unsigned long long)m.kv_bytes_per_token, gb(m.workspace_bytes).c_str(),
               gib(kTpWorkspaceFixedBytes).c_str(), (long long)kTpWorkspaceRows, (unsigned long long)tp_activation_bytes_per_row(c, p));
-  std::printf("fits          %g GiB (%s) a GPU: %lld KV tokens beside weights and workspace (--ctx %lld asked)\n", o.gpu_memory_gib,
-              gb(m.gpu_bytes).c_str(), (long long)m.kv_tokens_fit, (long long)o.ctx);
+  std::printf("%s %g GiB (%s) a GPU: %lld KV tokens beside weights and workspace (--ctx %lld asked)%s\n",
+              t.refusal.empty() ? "fits         " : "DOES NOT FIT ", gpu_gib(o), gb(m.gpu_bytes).c_str(), (long long)m.kv_tokens_fit,
+              (long long)o.ctx, t.refusal.empty() ? "" : ": refused (see the error below)");
   std::printf("reductions    %lld a step (2 a layer: after o_proj, after the MLP), %lld fp32 = %llu B a row each\n",
               (long long)p.reductions_per_step, (long long)p.reduction_values_per_row, (unsigned long long)p.reduction_bytes_per_row);
 }
@@ -160,7 +167,7 @@ int cmd_inspect(const InspectOptions& o) {
   const ModelStats s = model_stats(c);
   const uint64_t kv_ctx = s.kv_bytes_per_token_bf16 * uint64_t(o.ctx);
   std::optional<TpReport> tp;
-  if (o.tp > 0) tp = tp_report(c, o);
+  if (o.tp > 0 || o.gpu_memory_gib > 0) tp = tp_report(c, o);
 
   std::map<std::string, int64_t> by_dtype;
   int64_t unused = 0;
@@ -208,6 +215,7 @@ int cmd_inspect(const InspectOptions& o) {
                                {"tensors_by_dtype", by_dtype}, {"tensors_not_used", unused}};
     if (tp) j["tp"] = tp_json(c, *tp, o);
     std::printf("%s\n", j.dump(2).c_str());
+    if (tp && !tp->refusal.empty()) fail(tp->refusal);  // the plan is on stdout; exit 1 says it does not fit
     return 0;
   }
   std::printf("source        %s\n", source.c_str());
@@ -252,6 +260,10 @@ int cmd_inspect(const InspectOptions& o) {
     std::printf("); %lld not used by the text model (e.g. vision)\n", (long long)unused);
   }
   if (tp) print_tp(c, *tp, o);
+  if (tp && !tp->refusal.empty()) {
+    std::fflush(stdout);
+    fail(tp->refusal);
+  }
   return 0;
 }
 

@@ -182,7 +182,8 @@ int cmd_run(const RunOptions& o) {
   g.context = o.ctx_size;
 
   const double t0 = now_s();
-  const LoadedTarget lt(o.device, o.model, o.tp);
+  // On GPUs the memory plan must hold the prompt and -n new tokens of KV beside the weights.
+  const LoadedTarget lt(o.device, o.model, o.tp, int64_t(prompt.size()) + o.n_predict + 1);
   const Target& target = lt.target();
   const ModelConfig& cfg = lt.config();
   g.stop_ids = cfg.eos_token_ids;

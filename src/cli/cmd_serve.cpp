@@ -119,8 +119,13 @@ int cmd_serve(const ServeOptions& o) {
   check_budget_flags(o.budget, spec_mode);
   if (o.draft.empty() && o.draft_yarn_legacy_mscale) fail("--draft-yarn-legacy-mscale needs --draft DIR (a DFlash drafter)");
   if (!std::filesystem::is_directory(o.model)) fail(o.model, ": not a directory (expected a checkpoint directory)");
-  // A bad --tp fails here, not after the port opens (the checkpoint itself is read by the loader).
-  if (o.tp.tp > 1 || !o.tp.devices.empty()) check_tp_flags(o.tp, cuda, load_checkpoint_config(o.model));
+  // A bad --tp, or a memory plan the GPUs cannot hold, fails here, not after the port opens (the checkpoint
+  // itself is read by the loader, which checks again).
+  if (o.tp.tp > 1 || !o.tp.devices.empty() || o.tp.gpu_memory_limit_gib > 0 || cuda) {
+    const ModelConfig cfg = load_checkpoint_config(o.model);
+    check_tp_flags(o.tp, cuda, cfg);
+    check_gpu_memory(o.tp, cuda, cfg, o.kv_tokens > 0 ? o.kv_tokens : o.ctx_size);
+  }
 
   ServerOptions so;
   so.host = o.host;
@@ -173,7 +178,8 @@ int cmd_serve(const ServeOptions& o) {
         if (abandon_load) fail("stopped while loading");
       }
       tok = load_tokenizer(o.model);
-      lt = std::make_unique<LoadedTarget>(o.device, o.model, o.tp);
+      // On GPUs the memory plan must hold --kv-tokens, else one request's --ctx-size, of KV beside the weights.
+      lt = std::make_unique<LoadedTarget>(o.device, o.model, o.tp, o.kv_tokens > 0 ? o.kv_tokens : o.ctx_size);
       const Target& target = lt->target();
       const ModelConfig& cfg = lt->config();
       if (tok->vocab_size() > cfg.vocab_size)

@@ -18,6 +18,7 @@ namespace kd::cli {
 struct TpFlags {
   int32_t tp = 1;
   std::vector<int32_t> devices;  // --devices 0,1,…: the GPUs of the ranks (cuda only)
+  double gpu_memory_limit_gib = 0;  // --gpu-memory-limit GiB a GPU (cuda only; 0: the GPU's free memory)
 };
 
 struct RunOptions {
@@ -41,7 +42,7 @@ struct InspectOptions {
   int64_t ctx = 4096;
   bool json = false;
   int32_t tp = 0;                 // --tp R: print the per-GPU plan for R ranks (0: not asked)
-  double gpu_memory_gib = 139.0;  // --gpu-memory: per GPU, GiB (an H200's usable memory)
+  double gpu_memory_gib = 0;      // --gpu-memory-limit GiB a GPU (0: not given; the plan then assumes 139, an H200)
 };
 void add_inspect(CLI::App& app, InspectOptions& o);
 int cmd_inspect(const InspectOptions& o);

@@ -48,10 +48,17 @@ void add_tp_flags(CLI::App* c, TpFlags& f) {
       ->delimiter(',')
       ->transform(whole_number(int32_t{}))
       ->check(CLI::Range(0, 1023));
+  c->add_option("--gpu-memory-limit", f.gpu_memory_limit_gib,
+                "With --device cuda: GiB kdtree may use on each GPU (default: its free memory). The memory plan — weights, "
+                "a workspace estimate and the KV of the context, per rank (kdtree inspect --gpu-memory-limit GIB [--tp R] "
+                "prints it) — is checked against it before any weight is read, and refused with the numbers and what to do "
+                "when it does not fit; the KV pool gets only what the limit leaves")
+      ->check(CLI::PositiveNumber);
 }
 
 void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c) {
   if (!f.devices.empty() && !cuda) fail("--devices lists GPUs: it applies with --device cuda only");
+  if (f.gpu_memory_limit_gib > 0 && !cuda) fail("--gpu-memory-limit: it applies with --device cuda only (the CPU maps the weights)");
   if (!f.devices.empty() && int32_t(f.devices.size()) != f.tp)
     fail("--devices lists ", f.devices.size(), " GPUs for --tp ", f.tp, ": give one GPU a rank");
   if (cuda && f.tp == 1 && !f.devices.empty() && f.devices[0] != 0)
@@ -59,10 +66,42 @@ void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c) {
   if (f.tp > 1) plan_tp(c, f.tp);  // refuses an R that does not divide the shapes, naming the valid R
 }
 
-LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpoint_dir, const TpFlags& tp) {
+std::vector<int32_t> tp_devices(const TpFlags& tp) {
+  if (!tp.devices.empty()) return tp.devices;
+  if (tp.tp == 1) return {0};
+#ifdef KDTREE_HAVE_CUDA
+  const int n = cuda_device_count();
+#else
+  const int n = 0;
+#endif
+  if (n < tp.tp) {
+    std::string zeros = "0";
+    for (int32_t r = 1; r < tp.tp; ++r) zeros += ",0";
+    fail("--tp ", tp.tp, " --device cuda: this machine has ", n, " GPU", n == 1 ? "" : "s", "; give each rank one with --devices, "
+         "or run every rank on GPU 0 with --devices ", zeros, " (the one-GPU emulation: the same sharded math, slower)");
+  }
+  std::vector<int32_t> devs;
+  for (int32_t r = 0; r < tp.tp; ++r) devs.push_back(r);
+  return devs;
+}
+
+void check_gpu_memory([[maybe_unused]] const TpFlags& tp, bool cuda, [[maybe_unused]] const ModelConfig& c,
+                      [[maybe_unused]] int64_t kv_tokens) {
+  if (!cuda) return;
+#ifdef KDTREE_HAVE_CUDA
+  check_gpu_memory_plan(c, tp_devices(tp), uint64_t(tp.gpu_memory_limit_gib * double(1ull << 30)), kv_tokens,
+                        tp.tp > 1 ? cat("--device cuda --tp ", tp.tp) : std::string("--device cuda"));
+#endif
+}
+
+LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpoint_dir, const TpFlags& tp, int64_t kv_tokens) {
   [[maybe_unused]] const bool cuda = use_cuda(device);
   ckpt_ = std::make_unique<Checkpoint>(checkpoint_dir);
   check_tp_flags(tp, cuda, ckpt_->config());
+  // The GPUs of the ranks, and the memory plan checked on each before any weight is read.
+  [[maybe_unused]] const uint64_t limit = uint64_t(tp.gpu_memory_limit_gib * double(1ull << 30));
+  [[maybe_unused]] const std::vector<int32_t> devs = cuda ? tp_devices(tp) : std::vector<int32_t>{};
+  if (cuda) check_gpu_memory(tp, cuda, ckpt_->config(), kv_tokens);
   model_ = std::make_unique<DeepseekV3>(*ckpt_);
   if (tp.tp > 1 && !cuda) {
     const double t0 = now_s();
@@ -71,25 +110,20 @@ LoadedTarget::LoadedTarget(const std::string& device, const std::string& checkpo
   }
 #ifdef KDTREE_HAVE_CUDA
   if (tp.tp > 1 && cuda) {
-    std::vector<int32_t> devs = tp.devices;
-    if (devs.empty()) {
-      const int n = cuda_device_count();
-      if (n < tp.tp) {
-        std::string zeros = "0";
-        for (int32_t r = 1; r < tp.tp; ++r) zeros += ",0";
-        fail("--tp ", tp.tp, " --device cuda: this machine has ", n, " GPU", n == 1 ? "" : "s", "; give each rank one with --devices, "
-             "or run every rank on GPU 0 with --devices ", zeros, " (the one-GPU emulation: the same sharded math, slower)");
-      }
-      for (int32_t r = 0; r < tp.tp; ++r) devs.push_back(r);
-    }
-    tp_ = std::make_unique<CudaTpTarget>(*ckpt_, devs);
+    tp_ = std::make_unique<CudaTpTarget>(*ckpt_, devs, limit);
     log_info("target: ", tp_->device());
   }
-#endif
-#ifdef KDTREE_HAVE_CUDA
   if (cuda && tp.tp == 1) {
     // A one-row KV to start with: the engine lends its pool's blocks (Target::init_kv).
-    auto gpu = std::make_unique<CudaTarget>(*model_, 1);
+    const TpPlan plan = plan_tp(model_->config(), 1);
+    std::unique_ptr<CudaTarget> gpu;
+    {
+      Progress progress("loading weights to GPU 0", plan.weight_bytes_by_rank[0], "B");
+      gpu = std::make_unique<CudaTarget>(*model_, 1, &progress);
+    }
+    if (limit > 0)  // the KV pool gets what the limit leaves beside the weights and the workspace estimate
+      gpu->cap_kv_bytes(std::max<int64_t>(0, int64_t(limit) - int64_t(gpu->device_weight_bytes()) -
+                                                 int64_t(tp_memory(model_->config(), plan, 0).workspace_bytes)));
     log_info("CUDA target on ", cuda_device_name(), ": ", double(gpu->device_weight_bytes()) / 1e9, " GB of weights");
     gpu_ = std::move(gpu);
   }

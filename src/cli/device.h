@@ -30,6 +30,13 @@ void add_draft_yarn_flag(CLI::App* c, bool& legacy);
 // Checks --tp / --devices against the device and the model's shapes (plan_tp: an R that does not divide
 // them is refused naming the dimension and the valid R) before any weight is read.
 void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c);
+// With --device cuda: rank r's GPU (--devices, else 0, 1, … R−1, refused when the machine has fewer).
+std::vector<int32_t> tp_devices(const TpFlags& tp);
+// With --device cuda: the memory plan for these flags (R ranks on their GPUs; weights, workspace
+// estimate, kv_tokens of KV a rank) against each GPU's free memory and --gpu-memory-limit — an Error
+// with the numbers and what to do when it does not fit (model/deepseek_v3_cuda_tp.h,
+// check_gpu_memory_plan). Nothing is read but config.json. cuda false: nothing to check.
+void check_gpu_memory(const TpFlags& tp, bool cuda, const ModelConfig& c, int64_t kv_tokens);
 
 // A checkpoint read once: the CPU model (views into the mmap), and on cuda the GPU target uploaded
 // from it. target() is the one the commands run; model() stays for what reads host weights (the
@@ -37,8 +44,10 @@ void check_tp_flags(const TpFlags& f, bool cuda, const ModelConfig& c);
 class LoadedTarget {
  public:
   // tp.tp > 1: the tensor-parallel target over tp.tp ranks (on the CPU: in-process ranks,
-  // model/deepseek_v3_tp.h); the checks of check_tp_flags apply.
-  LoadedTarget(const std::string& device, const std::string& checkpoint_dir, const TpFlags& tp = {});
+  // model/deepseek_v3_tp.h); the checks of check_tp_flags apply. On cuda the memory plan (weights,
+  // workspace, kv_tokens of KV a rank) is checked on every GPU against its free memory and
+  // tp.gpu_memory_limit_gib before a weight is read (check_gpu_memory_plan); the upload shows a progress bar.
+  LoadedTarget(const std::string& device, const std::string& checkpoint_dir, const TpFlags& tp = {}, int64_t kv_tokens = 0);
   ~LoadedTarget();
   const Target& target() const;
   const DeepseekV3& model() const { return *model_; }

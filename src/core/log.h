@@ -18,8 +18,10 @@ void log_info(const A&... parts) { if (log_level() >= LogLevel::info) log_line(L
 template <class... A>
 void log_debug(const A&... parts) { if (log_level() >= LogLevel::debug) log_line(LogLevel::debug, cat(parts...)); }
 
-// A one-line progress bar on stderr (redrawn with \r when stderr is a terminal, otherwise printed
-// at most every 10 %), for anything slow: loading shards, writing models, building fixtures.
+// A one-line progress bar on stderr (redrawn with \r when stderr is a terminal, otherwise a plain line
+// at every 10 % and at least every 10 s), for anything slow: loading weights, writing models, building
+// fixtures. unit "B": bytes, shown as MB or GB with the rate so far and the time left (ETA). A job
+// that ends within KDTREE_PROGRESS_MIN_S seconds (default 0.5) prints nothing.
 class Progress {
  public:
   Progress(std::string label, uint64_t total, std::string unit = "");

@@ -378,9 +378,12 @@ int64_t CudaTarget::max_context() const { return max_keys(); }
 // 4 GiB) for the work buffers of a step (they grow with the rows of the largest batch).
 int64_t CudaTarget::max_kv_tokens(int64_t block_tokens) const {
   const int64_t per = kv_bytes_per_token(), free_b = free_device_bytes();
-  const int64_t budget = free_b - std::max<int64_t>(free_b / 10, int64_t(4) << 30);
+  int64_t budget = free_b - std::max<int64_t>(free_b / 10, int64_t(4) << 30);
+  if (impl_->kv_cap_bytes >= 0) budget = std::min(budget, impl_->kv_cap_bytes);
   return std::max<int64_t>(0, budget / per / block_tokens * block_tokens);
 }
+
+void CudaTarget::cap_kv_bytes(int64_t bytes) { impl_->kv_cap_bytes = bytes; }
 
 void CudaTarget::Impl::drop_graphs() {
   for (Graph& g : graph_cache)

@@ -19,6 +19,8 @@
 
 namespace kd {
 
+class Progress;
+
 bool cuda_device_available();   // a CUDA device is present and usable
 std::string cuda_device_name();
 int cuda_device_count();         // GPUs visible to this process (0 when none or on error)  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)", or why there is none
@@ -26,8 +28,9 @@ int cuda_device_count();         // GPUs visible to this process (0 when none or
 class CudaTarget final : public Target {
  public:
   // Uploads the model's weights; the KV is one block of max_tokens rows (the single-sequence
-  // forwards below) until init_kv lends it as blocks.
-  CudaTarget(const DeepseekV3& model, int64_t max_tokens);
+  // forwards below) until init_kv lends it as blocks. progress (optional): advanced by every byte
+  // uploaded (one bar over a whole load, e.g. all ranks of a tensor-parallel target).
+  CudaTarget(const DeepseekV3& model, int64_t max_tokens, Progress* progress = nullptr);
   // Random weights made on the GPU for a config (benchmarks: `bench --preset k2-slice`); INT4 g32
   // routed experts when int4_experts, bf16 elsewhere.
   CudaTarget(const ModelConfig& cfg, int64_t max_tokens, uint64_t seed, bool int4_experts);
@@ -75,6 +78,10 @@ class CudaTarget final : public Target {
   // Latent KV bytes of one token over every layer (the engine sizes its pool with it).
   int64_t kv_bytes_per_token() const;
   static int64_t free_device_bytes();  // cudaMemGetInfo's free bytes
+  // At most `bytes` of KV pool from now on (--gpu-memory-limit: what the limit leaves beside the
+  // weights and the workspace estimate); max_kv_tokens is the smaller of this and the free-memory rule.
+  // Negative: no cap (the default).
+  void cap_kv_bytes(int64_t bytes);
   int64_t max_keys() const;  // longest key list one row may attend to (attention's shared-memory bound)
 
   // Bytes a forward over these rows must read at least: every weight it touches once (experts: the

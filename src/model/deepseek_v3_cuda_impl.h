@@ -37,6 +37,7 @@ struct CudaTarget::Impl {
   ModelConfig cfg;
   std::vector<void*> allocs;
   uint64_t weight_bytes = 0;  // resident weights
+  int64_t kv_cap_bytes = -1;  // CudaTarget::cap_kv_bytes (negative: no cap)
   uint16_t* embed = nullptr;  // bf16 [vocab, hidden]
   cuda::DevMatrix lm_head;
   float* final_norm = nullptr;

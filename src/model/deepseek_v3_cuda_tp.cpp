@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <numeric>
 #include <set>
 
 #include "backend/cpu/host_comm.h"
@@ -22,9 +23,32 @@ void set_device(int32_t d) {
   const cudaError_t e = cudaSetDevice(d);
   if (e != cudaSuccess) fail("CUDA: cudaSetDevice(", d, "): ", cudaGetErrorString(e));
 }
+std::string list_devices(const std::vector<int32_t>& devices) {
+  std::string s;
+  for (int32_t d : devices) s += cat(s.empty() ? "" : ",", d);
+  return s;
+}
 }  // namespace
 
-CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices) : cfg_(ckpt.config()), devices_(devices) {
+uint64_t cuda_free_bytes(int32_t device) {
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = 0;
+  set_device(device);
+  size_t free_b = 0, total_b = 0;
+  const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+  set_device(prev);
+  if (e != cudaSuccess) fail("CUDA: cudaMemGetInfo on GPU ", device, ": ", cudaGetErrorString(e));
+  return free_b;
+}
+
+void check_gpu_memory_plan(const ModelConfig& c, const std::vector<int32_t>& devices, uint64_t limit_bytes, int64_t kv_tokens,
+                           const std::string& what) {
+  const std::string why = tp_gpu_refusal(c, devices, cuda_free_bytes, limit_bytes, kv_tokens, what);
+  if (!why.empty()) fail(why);
+}
+
+CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices, uint64_t memory_limit_bytes)
+    : cfg_(ckpt.config()), devices_(devices) {
   const int32_t R = int32_t(devices.size());
   if (R < 2) fail("tensor parallel on GPUs: ", R, " rank (the tensor-parallel target needs R ≥ 2)");
   const TpPlan plan = plan_tp(cfg_, R);  // an R that does not divide the shapes, before anything is uploaded
@@ -36,24 +60,11 @@ CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& d
   if (!one_gpu && std::set<int32_t>(devices.begin(), devices.end()).size() != devices.size())
     fail("--devices: list a different GPU for every rank (NCCL), or the same GPU for all of them (the one-GPU emulation), "
          "not a mix");
-  {
-    // The memory plan (model/tp_plan.h, as `inspect --tp R` prints it), checked on every GPU before
-    // anything is uploaded: the ranks it holds, their weights and workspace, against its free memory.
-    const uint64_t workspace = tp_memory(cfg_, plan, 0).workspace_bytes;
-    for (int32_t d : std::set<int32_t>(devices.begin(), devices.end())) {
-      uint64_t need = 0;
-      int32_t here = 0;
-      for (int32_t r = 0; r < R; ++r)
-        if (devices[size_t(r)] == d) need += plan.weight_bytes_by_rank[size_t(r)] + workspace, ++here;
-      set_device(d);
-      size_t free_b = 0, total_b = 0;
-      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) fail("CUDA: cudaMemGetInfo on GPU ", d);
-      if (need > free_b)
-        fail("--tp ", R, ": GPU ", d, " would hold ", here, " rank", here == 1 ? "" : "s", " — ", double(need) / 1e9,
-             " GB of weights and workspace (kdtree inspect --tp ", R, " shows the plan) — but has ", double(free_b) / 1e9,
-             " GB free: spread the ranks over more GPUs (--devices) or raise --tp");
-    }
-  }
+  // The memory plan (model/tp_plan.h, as `inspect --tp R` prints it), checked on every GPU before
+  // anything is uploaded: the ranks it holds, their weights and workspace, against its free memory and the limit.
+  check_gpu_memory_plan(cfg_, devices, memory_limit_bytes, 0, cat("--tp ", R));
+  Progress progress(cat("loading ", R, " ranks to GPU", one_gpu ? " " : "s ", one_gpu ? cat(devices[0]) : list_devices(devices)),
+                    std::accumulate(plan.weight_bytes_by_rank.begin(), plan.weight_bytes_by_rank.end(), uint64_t{0}), "B");
   for (int32_t r = 0; r < R; ++r) {
     // Rank r's slice is read from the mmap (views, and copies of its columns of o_proj / down_proj),
     // uploaded, and dropped from the host.
@@ -61,9 +72,29 @@ CudaTpTarget::CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& d
     set_device(devices[size_t(r)]);
     const DeepseekV3 slice(ckpt, TpRank{r, R});
     vocab_begin_.push_back(slice.vocab_begin());
-    ranks_.push_back(std::make_unique<CudaTarget>(slice, 1));
+    ranks_.push_back(std::make_unique<CudaTarget>(slice, 1, &progress));
     const double gb = double(ranks_.back()->device_weight_bytes()) / 1e9, dt = now_s() - t0;
-    log_info("TP rank ", r, "/", R, " on GPU ", devices[size_t(r)], ": ", gb, " GB of weights in ", dt, " s (", gb / dt, " GB/s)");
+    log_debug("TP rank ", r, "/", R, " on GPU ", devices[size_t(r)], ": ", gb, " GB of weights in ", dt, " s (", gb / dt, " GB/s)");
+  }
+  progress.finish();
+  if (memory_limit_bytes > 0) {
+    // The KV pool gets what the limit leaves beside the weights and the workspace estimate: on a shared
+    // GPU rank 0's cap is the whole GPU's (max_kv_tokens divides it among the ranks).
+    const int64_t workspace = int64_t(tp_memory(cfg_, plan, 0).workspace_bytes);
+    for (int32_t d : std::set<int32_t>(devices.begin(), devices.end())) {
+      int64_t left = int64_t(memory_limit_bytes);
+      int32_t first = -1;
+      for (int32_t r = 0; r < R; ++r)
+        if (devices[size_t(r)] == d) {
+          left -= int64_t(ranks_[size_t(r)]->device_weight_bytes()) + workspace;
+          if (first < 0) first = r;
+          if (!one_gpu) {
+            set_device(d);
+            ranks_[size_t(r)]->cap_kv_bytes(std::max<int64_t>(0, left));
+          }
+        }
+      if (one_gpu) ranks_[size_t(first)]->cap_kv_bytes(std::max<int64_t>(0, left));
+    }
   }
   set_device(devices[0]);
   if (one_gpu) {

@@ -26,11 +26,22 @@ class NcclCommGroup;
 class SharedDeviceCommGroup;
 class HostRankThreads;
 
+// cudaMemGetInfo's free bytes of GPU `device` (the current device is restored).
+uint64_t cuda_free_bytes(int32_t device);
+// The memory plan's check before any weight is read (tp_gpu_refusal, model/tp_plan.h, against each GPU's
+// free memory and limit_bytes): an Error with the numbers and what to do when a GPU cannot hold its ranks.
+// devices: rank r's GPU ({0} for the one-GPU target).
+void check_gpu_memory_plan(const ModelConfig& c, const std::vector<int32_t>& devices, uint64_t limit_bytes, int64_t kv_tokens,
+                           const std::string& what);
+
 class CudaTpTarget final : public Target {
  public:
   // devices[r]: rank r's GPU (R = devices.size() ≥ 2); all equal → the one-GPU emulation, all distinct →
   // NCCL. An R the config cannot be split into is an Error naming the dimension and the valid R.
-  CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices);
+  // memory_limit_bytes (--gpu-memory-limit; 0: none): what each GPU may hold — the memory plan is checked
+  // against it (and the free memory) before anything is uploaded, and the KV pool gets only what it leaves.
+  // The upload shows one progress bar over every rank's bytes.
+  CudaTpTarget(const Checkpoint& ckpt, const std::vector<int32_t>& devices, uint64_t memory_limit_bytes = 0);
   ~CudaTpTarget() override;
 
   int32_t ranks() const { return int32_t(ranks_.size()); }

@@ -10,6 +10,7 @@
 
 #include "model/deepseek_v3_cuda_impl.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace kd {
 
@@ -34,11 +35,17 @@ size_t row_scale_bytes(const Weight& w) { return w.int4 ? size_t(w.cols / 32) * 
 
 struct Uploader {
   CudaTarget::Impl& m;
+  Progress* progress = nullptr;
+
+  void done(size_t bytes) {
+    if (progress) progress->add(bytes);
+  }
 
   float* vec(const std::vector<float>& v, const char* what) {
     float* p = static_cast<float*>(m.alloc(v.size() * 4, what));
     check(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), what);
     m.weight_bytes += v.size() * 4;
+    done(v.size() * 2);  // stored as bf16: the checkpoint bytes it stands for
     return p;
   }
 
@@ -77,6 +84,7 @@ struct Uploader {
       d.scales = static_cast<const uint16_t*>(ps);
     }
     m.weight_bytes += w.size() + s.size();
+    done(w.size() + s.size());
     return d;
   }
   DevMatrix matrix(const Weight& w) { return matrix(std::vector<const Weight*>{&w}); }
@@ -119,6 +127,7 @@ struct Uploader {
       interleave({&x.down}, w, s);
       check(cudaMemcpy(dw + e * L.down_stride_bytes, w.data(), w.size(), cudaMemcpyHostToDevice), "upload experts");
       if (ds) check(cudaMemcpy(ds + e * L.down_scale_stride * 2, s.data(), s.size(), cudaMemcpyHostToDevice), "upload experts");
+      done(size_t(L.gu_stride_bytes + L.gu_scale_stride * 2 + L.down_stride_bytes + L.down_scale_stride * 2));
     }
   }
 };
@@ -182,7 +191,7 @@ void CudaTarget::Impl::finish_layer_bytes() {
   }
 }
 
-CudaTarget::CudaTarget(const DeepseekV3& model, int64_t max_tokens) : impl_(std::make_unique<Impl>()) {
+CudaTarget::CudaTarget(const DeepseekV3& model, int64_t max_tokens, Progress* progress) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.cfg = model.config();
   m.lm_rows = model.vocab_rows();
@@ -200,7 +209,7 @@ CudaTarget::CudaTarget(const DeepseekV3& model, int64_t max_tokens) : impl_(std:
   }
   const ModelConfig& c = m.cfg;
   m.init_common(max_tokens);
-  Uploader up{m};
+  Uploader up{m, progress};
   check_weight(model.embedding());
   if (model.embedding().int4) fail(model.embedding().name, ": the CUDA backend needs a BF16 embedding");
   {

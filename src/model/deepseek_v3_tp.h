@@ -50,7 +50,12 @@ class DeepseekV3Tp final : public Target {
   void logits_row(int64_t seq, int64_t row, float* out) const override;
   void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;
 
+  // Wall seconds rank 0 has spent in communicator calls since construction (the two reductions a layer
+  // and the argmax exchange, each including the wait for the slowest rank): `bench --tp R`'s share.
+  double comm_seconds() const { return comm_s_; }
+
  private:
+  mutable double comm_s_ = 0;
   std::vector<std::unique_ptr<DeepseekV3>> ranks_;
   std::unique_ptr<HostRankThreads> threads_;  // rank r's forward runs on thread r (rank 0: the caller's)
 };

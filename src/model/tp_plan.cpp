@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -210,6 +211,78 @@ TpMemory tp_memory(const ModelConfig& c, const TpPlan& p, uint64_t gpu_bytes, in
   const uint64_t used = m.weight_bytes + m.workspace_bytes;
   if (gpu_bytes > used && m.kv_bytes_per_token > 0) m.kv_tokens_fit = int64_t((gpu_bytes - used) / m.kv_bytes_per_token);
   return m;
+}
+
+int32_t tp_ranks_that_fit(const ModelConfig& c, int32_t above, uint64_t gpu_bytes, int64_t kv_tokens, TpMemory* mem) {
+  for (int32_t r : valid_tp_ranks(c)) {
+    if (r <= above) continue;
+    const TpMemory m = tp_memory(c, plan_tp(c, r), gpu_bytes);
+    if (m.kv_tokens_fit >= std::max<int64_t>(kv_tokens, 1)) {
+      if (mem) *mem = m;
+      return r;
+    }
+  }
+  return 0;
+}
+
+namespace {
+std::string gb3(uint64_t b) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3f GB", double(b) / 1e9);
+  return buf;
+}
+std::string gib2(uint64_t b) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(1ull << 30));
+  return buf;
+}
+}  // namespace
+
+std::string tp_gpu_refusal(const ModelConfig& c, const std::vector<int32_t>& devices,
+                           const std::function<uint64_t(int32_t)>& free_bytes, uint64_t limit_bytes, int64_t kv_tokens,
+                           const std::string& what) {
+  const int32_t R = int32_t(devices.size());
+  const TpPlan plan = plan_tp(c, R);
+  const uint64_t workspace = tp_memory(c, plan, 0).workspace_bytes;
+  const uint64_t kv_rank = plan.kv_bytes_per_token_per_rank_bf16 * uint64_t(std::max<int64_t>(kv_tokens, 0));
+  std::vector<int32_t> seen;
+  for (int32_t d : devices) {
+    if (std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
+    seen.push_back(d);
+    uint64_t weights = 0;
+    int32_t here = 0;
+    for (int32_t r = 0; r < R; ++r)
+      if (devices[size_t(r)] == d) weights += plan.weight_bytes_by_rank[size_t(r)], ++here;
+    const uint64_t need = weights + uint64_t(here) * (workspace + kv_rank);
+    const uint64_t free_b = free_bytes(d);
+    const bool limited = limit_bytes > 0 && limit_bytes < free_b;
+    const uint64_t avail = limited ? limit_bytes : free_b;
+    if (need <= avail) continue;
+    std::string msg = cat(what, ": the memory plan does not fit GPU ", d, ": ", here, " rank", here == 1 ? "" : "s", " of ", R,
+                          " there need weights ", gb3(weights), " + workspace ", gb3(uint64_t(here) * workspace),
+                          " (estimate: ", gib2(kTpWorkspaceFixedBytes), " fixed + ", kTpWorkspaceRows, " rows of activations",
+                          here == 1 ? "" : ", a rank", ") + KV ", gb3(uint64_t(here) * kv_rank), " (", kv_tokens, " tokens × ",
+                          plan.kv_bytes_per_token_per_rank_bf16, " B", here == 1 ? "" : ", on every rank", ") = ", gb3(need),
+                          ", but ");
+    if (limited) msg += cat("--gpu-memory-limit allows ", gb3(limit_bytes), " (", gib2(limit_bytes), ") of its ", gb3(free_b), " free");
+    else msg += cat("it has ", gb3(free_b), " free", limit_bytes > 0 ? cat(" (--gpu-memory-limit ", gib2(limit_bytes), ")") : "");
+    std::vector<std::string> fixes;
+    if (limited && need <= free_b)
+      fixes.push_back(cat("raise --gpu-memory-limit to at least ", std::ceil(double(need) / double(1ull << 30) * 100) / 100, " GiB"));
+    if (here > 1) fixes.push_back("give each rank its own GPU with --devices");
+    TpMemory m;
+    if (const int32_t r = tp_ranks_that_fit(c, R, avail, kv_tokens, &m))
+      fixes.push_back(cat("use more ranks: --tp ", r, " with a GPU each fits (", gb3(m.weight_bytes), " of weights a GPU)"));
+    if (kv_tokens > 0 && weights + uint64_t(here) * workspace < avail) {
+      const int64_t fit = int64_t((avail - weights - uint64_t(here) * workspace) / (uint64_t(here) * plan.kv_bytes_per_token_per_rank_bf16));
+      fixes.push_back(cat("use less context (", fit, " tokens fit)"));
+    }
+    if (fixes.empty()) fixes.push_back(limited ? "raise --gpu-memory-limit or free memory on the GPU" : "free memory on the GPU or use GPUs with more");
+    msg += ". To run: ";
+    for (size_t i = 0; i < fixes.size(); ++i) msg += cat(i ? "; or " : "", fixes[i]);
+    return msg + cat(" (kdtree inspect --tp ", R, " --gpu-memory-limit GIB prints the plan)");
+  }
+  return "";
 }
 
 }  // namespace kd

@@ -17,6 +17,8 @@
 // So a step costs 2 reductions a layer, each `hidden` fp32 values a row.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "io/config.h"
@@ -104,5 +106,19 @@ struct TpMemory {
   int64_t kv_tokens_fit = 0;        // KV tokens that fit beside weights and workspace (0 if none)
 };
 TpMemory tp_memory(const ModelConfig& c, const TpPlan& p, uint64_t gpu_bytes, int64_t rows = kTpWorkspaceRows);
+
+// The smallest valid R above `above` whose plan, one rank a GPU of gpu_bytes, holds its weights, its
+// workspace and kv_tokens of KV; 0 when none does. *mem (optional): that R's TpMemory.
+int32_t tp_ranks_that_fit(const ModelConfig& c, int32_t above, uint64_t gpu_bytes, int64_t kv_tokens, TpMemory* mem = nullptr);
+
+// The check `run`, `serve` and `bench --device cuda` make before a weight is read (single GPU: R = 1):
+// rank r on GPU devices[r] (an id listed k times holds k ranks: the one-GPU emulation); every GPU must
+// hold its ranks' weights, a workspace each (the estimate above) and each rank's copy of kv_tokens of
+// latent KV, within what it may use: min(free_bytes(d), limit_bytes) (limit_bytes 0: no limit, the
+// GPU's free memory). Returns "" when every GPU fits, else what does not fit, with the numbers, and
+// what to do (a larger --gpu-memory-limit, more GPUs or ranks). `what` starts the message.
+std::string tp_gpu_refusal(const ModelConfig& c, const std::vector<int32_t>& devices,
+                           const std::function<uint64_t(int32_t)>& free_bytes, uint64_t limit_bytes, int64_t kv_tokens,
+                           const std::string& what);
 
 }  // namespace kd

@@ -1,5 +1,6 @@
 """`kdtree inspect`: sizes against SPEC-MODEL.md §5's independently computed numbers, and a checkpoint's
 parameter count against a count made in Python with the safetensors library."""
+import json
 import math
 import re
 from pathlib import Path
@@ -246,7 +247,9 @@ def test_k2_tp1_is_refused_with_the_numbers_and_what_to_do():
     assert f"{per_rank / 1e9:.3f} GB" in r.stderr, r.stderr  # ≈ 594.2 GB of weights on one GPU
     assert f"{H200_GIB * 2 ** 30 / 1e9:.3f} GB" in r.stderr, r.stderr
     assert "--tp 8 fits" in r.stderr, r.stderr  # the smallest R (of 2, 4, 8, …) that holds K2 and the KV
-    assert r.stdout == ""
+    # The plan is printed all the same (stdout), saying it does not fit; the refusal is the error (exit 1).
+    assert "tp            1 ranks" in r.stdout and "DOES NOT FIT  139 GiB (" in r.stdout, r.stdout
+    assert f"weights {per_rank / 1e9:.3f} GB" in r.stdout, r.stdout
 
 
 def test_k2_tp4_with_a_long_context_is_refused_suggesting_less_context():
@@ -288,9 +291,85 @@ def test_tp_on_a_checkpoint_keeps_int4_groups_whole():
     assert "Valid R for this model: 1, 2" in r.stderr, r.stderr
 
 
-def test_tp_flags_in_help_and_gpu_memory_needs_tp():
+def test_tp_flags_in_help_and_the_limit_without_tp_plans_one_gpu():
     h = kdtree("inspect", "--help", ok=True).stdout
-    assert "--tp" in h and "--gpu-memory" in h and "per-GPU memory plan" in h and "GiB" in h, h
-    r = kdtree("inspect", "--preset", "k2", "--gpu-memory", 80)
-    assert r.returncode == 2 and "--gpu-memory requires --tp" in r.stderr, str(r)
+    assert "--tp" in h and "--gpu-memory-limit" in h and "per-GPU memory plan" in h and "GiB" in h, h
+    # Without --tp the limit plans one GPU (R = 1): K2's 594 GB do not fit 80 GiB; the plan is printed, then refused.
+    _, per_rank = k2_rank_bytes(1)
+    for flag in ("--gpu-memory-limit", "--gpu-memory"):  # --gpu-memory: the older name
+        r = kdtree("inspect", "--preset", "k2", flag, 80, ok=False)
+        assert r.returncode == 1, str(r)
+        assert "does not fit a 80 GiB GPU" in r.stderr and f"{per_rank / 1e9:.3f} GB" in r.stderr, r.stderr
+        assert "DOES NOT FIT  80 GiB (" in r.stdout and "tp            1 ranks" in r.stdout, r.stdout
     assert kdtree("inspect", "--preset", "k2", "--tp", 0).returncode == 2
+    assert kdtree("inspect", "--preset", "k2", "--gpu-memory-limit", 0).returncode == 2
+
+
+def safetensors_bytes(d: Path) -> int:
+    """Data bytes of every tensor in a checkpoint directory, from the headers (the format parsed by hand)."""
+    total = 0
+    for f in sorted(d.glob("*.safetensors")):
+        if f.name.startswith("golden"):
+            continue
+        raw = f.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        for name, t in header.items():
+            if name != "__metadata__":
+                total += t["data_offsets"][1] - t["data_offsets"][0]
+    return total
+
+
+def fixture_workspace(cfg: dict, R: int) -> int:
+    """The plan's stated workspace estimate, from config.json: 2 GiB + 256 rows × the fp32 values one
+    row keeps live on a rank (model/tp_plan.h's formula, written out again)."""
+    h, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    nope, rope, v, kv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    dense = cfg["first_k_dense_replace"] > 0
+    moe = cfg["num_hidden_layers"] > cfg["first_k_dense_replace"]
+    mlp = max(cfg["intermediate_size"] // R if dense else 0,
+              (cfg["moe_intermediate_size"] * cfg["n_shared_experts"] // R + cfg["num_experts_per_tok"] *
+               (cfg["moe_intermediate_size"] // R)) if moe else 0)
+    per_row = 4 * ((4 + R) * h + cfg["q_lora_rank"] + kv + rope + (H // R) * (nope + rope + kv + v) + 2 * mlp
+                   + -(-cfg["vocab_size"] // R))
+    return 2 * 2 ** 30 + 256 * per_row
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_gpu_memory_limit_on_a_checkpoint_refuses_then_fits_with_the_numbers(R):
+    # No GPU is needed: the plan comes from config.json and the safetensors headers.
+    d = FIXTURES / "k2-bf16"
+    cfg = json.loads((d / "config.json").read_text())
+    kv_token = cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+    ws = fixture_workspace(cfg, R)
+    tp = ["--tp", R] if R > 1 else []
+    ctx = 4096
+    fits = inspect_json("-m", d, *tp, "--gpu-memory-limit", 4, "--ctx", ctx)["tp"]
+    weights = fits["weight_bytes_per_rank"]
+    if R == 1:  # one GPU holds every tensor of the checkpoint (all of them are the text model's)
+        assert weights == safetensors_bytes(d)
+    assert fits["workspace"]["bytes"] == ws and fits["kv_bytes_per_token_per_rank"] == kv_token
+    assert fits["fits"] is True and fits["refusal"] == ""
+    assert fits["kv_tokens_fit"] == (4 * 2 ** 30 - weights - ws) // kv_token
+    # 2 GiB cannot hold the 2 GiB fixed workspace and the rest: the plan is printed, then refused (exit 1).
+    r = kdtree("inspect", "-m", d, *tp, "--gpu-memory-limit", 2, "--ctx", ctx, "--json", ok=False)
+    assert r.returncode == 1, str(r)
+    plan = r.json()["tp"]
+    assert plan["fits"] is False and plan["kv_tokens_fit"] == 0 and plan["weight_bytes_per_rank"] == weights
+    assert plan["refusal"] in r.stderr
+    need = weights + ws + ctx * kv_token
+    assert f"does not fit a 2 GiB GPU ({2 * 2 ** 30 / 1e9:.3f} GB)" in r.stderr, r.stderr
+    assert f"weights {weights / 1e9:.3f} GB a rank + workspace {ws / 1e9:.3f} GB (estimate)" in r.stderr, r.stderr
+    assert f"= {need / 1e9:.3f} GB a GPU" in r.stderr, r.stderr
+    # Text: the plan, its verdict on stdout, the numbers and a way out on stderr.
+    t = kdtree("inspect", "-m", d, *tp, "--gpu-memory-limit", 2, ok=False)
+    assert "DOES NOT FIT  2 GiB (" in t.stdout and "refused" in t.stdout, t.stdout
+    assert "no valid --tp fits this GPU" in t.stderr, t.stderr  # the fixed 2 GiB alone fills it at every R
+
+
+@pytest.mark.parametrize("cmd", [["run", "--prompt-ids", "1,2", "-n", "2"], ["bench", "-p", "4", "-n", "2"], ["serve"]])
+def test_gpu_memory_limit_is_for_gpus_and_documented(cmd):
+    h = kdtree(cmd[0], "--help", ok=True).stdout
+    assert "--gpu-memory-limit" in h and "GiB kdtree may use on each GPU" in h, h
+    r = kdtree(*cmd[:1], "-m", FIXTURES / "k2-bf16", *cmd[1:], "--gpu-memory-limit", 8, ok=False)
+    assert "--gpu-memory-limit: it applies with --device cuda only" in r.stderr, r.stderr

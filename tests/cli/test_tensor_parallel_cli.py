@@ -53,3 +53,25 @@ def test_bench_tp_reports_its_ranks():
     j = kdtree("bench", "-m", FIXTURES / "k2-bf16", "-p", "8", "-n", "4", "-r", "1", "--tp", "2", "--json", ok=True).json()
     assert j["tensor_parallel"] == 2
     assert j["decode"]["tokens"] == 4 and j["decode"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("R", [2, 4])
+def test_bench_times_the_tp_target_from_a_checkpoint_with_the_reductions_share(R):
+    # The decode steps and the verify curve run through the TP target: rank 0 spends time in the
+    # communicator (2 reductions a layer + the argmax exchange) in every forward, a share of it.
+    d = FIXTURES / "k2-bf16"
+    j = kdtree("bench", "-m", d, "-p", "8", "-n", "4", "-r", "2", "--tp", R, "--verify-curve", "--verify-sizes", "1,4,16",
+               "--json", ok=True).json()
+    comm = j["tensor_parallel_comm"]
+    assert comm["ranks"] == R and comm["reductions_per_step"] == 2 * 3  # 3 layers
+    assert comm["decode_ms_per_token"] == pytest.approx(j["decode"]["ms"] / 4)
+    assert 0 < comm["decode_comm_ms_per_token"] < comm["decode_ms_per_token"]
+    assert comm["decode_comm_share"] == pytest.approx(comm["decode_comm_ms_per_token"] / comm["decode_ms_per_token"])
+    assert [p["nodes"] for p in j["verify_curve"]] == [1, 4, 16]
+    for p in j["verify_curve"]:
+        assert 0 < p["comm_ms"] < p["ms"], p
+    # One rank has no communicator: no share is reported.
+    one = kdtree("bench", "-m", d, "-p", "8", "-n", "2", "-r", "1", "--verify-curve", "--verify-sizes", "1", "--json", ok=True).json()
+    assert "tensor_parallel_comm" not in one and "comm_ms" not in one["verify_curve"][0]
+    text = kdtree("bench", "-m", d, "-p", "8", "-n", "4", "-r", "1", "--tp", R, ok=True).stdout
+    assert f"tensor parallel over {R} CPU ranks: 6 reductions a step; rank 0 spends" in text, text
