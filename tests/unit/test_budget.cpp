@@ -89,16 +89,27 @@ TEST(AutoBudget, VerifyCostInterpolatesExtrapolatesAndRefines) {
   EXPECT_DOUBLE_EQ(c.ms(5), 10.0);
   EXPECT_DOUBLE_EQ(c.ms(7), 16.0);  // the last segment's slope, 3 ms a row
   EXPECT_THROW(c.ms(9), Error);
-  // A measurement between knots 3 and 5 (weights ½, ½) moves both: a fifth of the 10 ms error at 4.
-  c.observe(4, 17.0);
-  EXPECT_DOUBLE_EQ(c.ms(4), 9.0);
-  EXPECT_DOUBLE_EQ(c.ms(3), 6.0);
-  EXPECT_DOUBLE_EQ(c.ms(5), 12.0);
+  // A measurement between knots 3 and 5 (weights ½, ½) moves both: a fifth of the 5 ms error at 4.
+  c.observe(4, 12.0);
+  EXPECT_DOUBLE_EQ(c.ms(4), 8.0);
+  EXPECT_DOUBLE_EQ(c.ms(3), 5.0);
+  EXPECT_DOUBLE_EQ(c.ms(5), 11.0);
   EXPECT_DOUBLE_EQ(c.ms(1), 2.0);  // far knots stay
-  // At a knot only that knot moves; repeated measurements converge on them.
+  // A stall (a graph captured, a preempted thread) counts as twice the prediction, no more: 16 ms,
+  // a fifth of the 8 ms error at 4.
+  c.observe(4, 1000.0);
+  EXPECT_DOUBLE_EQ(c.ms(4), 9.6);
+  EXPECT_DOUBLE_EQ(c.ms(3), 6.6);
+  c.observe(4, 1e-3);  // … and a sample far below, as half of it: −4.8 ms of error
+  EXPECT_DOUBLE_EQ(c.ms(4), 9.6 - 0.96);
+  c.observe(4, 9.6);  // within the clip: a fifth of the 0.96 ms error
+  EXPECT_NEAR(c.ms(4), 8.832, 1e-12);
+  // At a knot only that knot moves; repeated measurements converge on them (each step at most a
+  // halving: 200 steps are plenty).
+  const double at3 = c.ms(3);
   for (int i = 0; i < 200; ++i) c.observe(1, 1.0);
   EXPECT_NEAR(c.ms(1), 1.0, 1e-9);
-  EXPECT_DOUBLE_EQ(c.ms(3), 6.0);
+  EXPECT_DOUBLE_EQ(c.ms(3), at3);
   for (int i = 0; i < 200; ++i) c.observe(7, 30.0);
   EXPECT_NEAR(c.ms(7), 30.0, 1e-9);
   VerifyCost below({{4, 5.0}, {8, 9.0}}, 12);
@@ -143,7 +154,79 @@ TEST(AutoBudget, PlanPicksTheArgmaxOfExpectedTokensPerSecond) {
     EXPECT_EQ(p.speculate(), want_rate > 1.0 / cost.ms(1));
     // With the plan's own rate, the draft paid, the marginal rule picks the plan (budget.h).
     EXPECT_EQ(best_at_rate(f, cost, draft, p.best.tokens_per_ms()).nodes, p.best.nodes) << "trial " << trial;
+
+    // With limits: node depths (a tree's: each node one deeper than some earlier node or the root)
+    // cap E[τ(N)] at 1 + the deepest of the first N; only the allowed row counts are candidates.
+    PlanLimits lim;
+    for (int64_t i = 0; i < n; ++i)
+      lim.depths.push_back(i == 0 ? 1 : 1 + (rng() % 2 ? lim.depths[size_t(rng() % uint64_t(i))] : 0));
+    for (int64_t r = 2; r <= n + 1; ++r)
+      if (rng() % 3 == 0) lim.shapes.push_back(r);
+    if (trial % 5 == 0) lim.shapes.clear();  // any size
+    const BudgetPlan pl = plan_budget(f, cost, draft, lim);
+    int64_t want_l = 0;
+    double want_l_rate = -1, want_l_tokens = 0;
+    for (int64_t N = 1; N <= n; ++N) {
+      if (!lim.shapes.empty() && std::find(lim.shapes.begin(), lim.shapes.end(), N + 1) == lim.shapes.end()) continue;
+      const int32_t deepest = *std::max_element(lim.depths.begin(), lim.depths.begin() + N);
+      const double tokens = std::min(1 + std::accumulate(f.begin(), f.begin() + N, 0.0), 1.0 + deepest);
+      const double rate = tokens / (draft + cost.ms(N + 1));
+      if (rate > want_l_rate) want_l = N, want_l_rate = rate, want_l_tokens = tokens;
+    }
+    if (want_l == 0) {  // no allowed size: one node
+      want_l = 1;
+      want_l_tokens = std::min(1 + f[0], 2.0);
+      want_l_rate = want_l_tokens / (draft + cost.ms(2));
+    }
+    ASSERT_EQ(pl.best.nodes, want_l) << "trial " << trial << " (limits)";
+    EXPECT_NEAR(pl.best.tokens, want_l_tokens, 1e-12);
+    EXPECT_NEAR(pl.best.tokens_per_ms(), want_l_rate, 1e-12);
+    EXPECT_EQ(best_at_rate(f, cost, draft, pl.best.tokens_per_ms(), lim).nodes, pl.best.nodes) << "trial " << trial;
   }
+}
+
+// The cap in a case worked by hand: an always-right chain of 3 and four siblings of it at f = 0.2,
+// on a nearly flat cost. Uncapped, the siblings' 0.8 tokens look worth 0.06 ms: N = 7 (4.8 / 1.1 =
+// 4.36 a ms against 4 / 1.043 = 3.84). A round commits at most 1 + depth 3 = 4 tokens, so N = 3.
+TEST(AutoBudget, PlanCapsExpectedTokensAtTheDeepestNode) {
+  const VerifyCost cost({{1, 1.0}, {8, 1.1}}, 8);
+  const std::vector<double> f = {1, 1, 1, 0.2, 0.2, 0.2, 0.2};
+  EXPECT_EQ(plan_budget(f, cost, 0.0).best.nodes, 7);
+  PlanLimits lim;
+  lim.depths = {1, 2, 3, 1, 2, 3, 3};
+  const BudgetPlan p = plan_budget(f, cost, 0.0, lim);
+  EXPECT_EQ(p.best.nodes, 3);
+  EXPECT_DOUBLE_EQ(p.best.tokens, 4.0);
+  // Rows 1, 2, 3, 5 only: N = 1, 2 or 4; N = 4 (the chain and a sibling, 4.2 capped at 4 tokens in
+  // 1.057 ms) beats N = 2 (3 in 1.029).
+  lim.shapes = {1, 2, 3, 5};
+  const BudgetPlan q = plan_budget(f, cost, 0.0, lim);
+  EXPECT_EQ(q.best.nodes, 4);
+  EXPECT_DOUBLE_EQ(q.best.tokens, 4.0);
+  lim.shapes = {1, 9};  // no size within the tree: one node
+  EXPECT_EQ(plan_budget(f, cost, 0.0, lim).best.nodes, 1);
+}
+
+TEST(AutoBudget, ProfileRowsStepByAboutRootTwo) {
+  EXPECT_EQ(profile_rows(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(profile_rows(2), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(profile_rows(5), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(profile_rows(17), (std::vector<int64_t>{1, 2, 3, 4, 5, 7, 9, 13, 17}));
+  EXPECT_EQ(profile_rows(16), (std::vector<int64_t>{1, 2, 3, 4, 5, 7, 9, 13, 16}));
+  EXPECT_EQ(profile_rows(20), (std::vector<int64_t>{1, 2, 3, 4, 5, 7, 9, 13, 17, 20}));
+  EXPECT_EQ(profile_rows(65), (std::vector<int64_t>{1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65}));
+  EXPECT_EQ(profile_rows(129), (std::vector<int64_t>{1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129}));
+  EXPECT_THROW(profile_rows(0), Error);
+  // The profile times exactly those sizes (each at least 3 times after an untimed pass).
+  std::map<int64_t, int> runs;
+  const VerifyCost c = profile_verify_cost([&](int64_t r) { ++runs[r]; return 0.1 * double(r); }, 17);
+  std::vector<int64_t> timed;
+  for (const auto& [r, k] : runs) {
+    timed.push_back(r);
+    EXPECT_GE(k, 4) << r;
+  }
+  EXPECT_EQ(timed, profile_rows(17));
+  EXPECT_DOUBLE_EQ(c.ms(13), 1.3);
 }
 
 TEST(AutoBudget, PlanTakesARWhenEveryTreeIsSlowerThanOneOverCost1) {
@@ -221,7 +304,10 @@ TEST(AutoBudget, ControllerBacksOffDoublingAndProbes) {
     c.observe(truncate_tree(bad, b.nodes), {0}, costs);
   }
   ASSERT_GE(waits.size(), 9u);
-  const std::vector<int64_t> want = {3, 3, 4, 8, 16, 32, 64, 64, 64};
+  // A probe's expected loss is 1.05 − 1.0067 ≈ 0.043 AR steps, under share_k of any wait ≥ 1 for
+  // k ≤ 3 (share_1 = ¼, share_2 = ⅛, share_3 = 1/16) and of 4, 8 … after (share 1/32, then 2 %): the
+  // doubling alone sets the waits.
+  const std::vector<int64_t> want = {1, 2, 4, 8, 16, 32, 64, 64, 64};
   EXPECT_EQ(std::vector<int64_t>(waits.begin(), waits.begin() + 9), want);
   // The drafter turns good (an always-right chain of σ = 0): the next probe speculates, and keeps on.
   while (!c.draft_now()) c.ar_step(costs);
@@ -259,6 +345,50 @@ TEST(AutoBudget, OverconfidentDrafterCostsOneRound) {
   // Nothing accepted: f(σ ≈ 0) drops to 2·0.99 / 9 ≈ 0.22, and the best tree now runs at ~0.8× AR.
   c.observe(truncate_tree(t, first.nodes), {0}, costs);
   EXPECT_FALSE(c.draft_now()) << "the re-check after one round falls back";
+}
+
+// The trained pair's shape on the H200 (docs/perf.md): an AR step 0.19 ms, a draft 0.4 ms (two AR
+// steps), verify nearly flat. A round that predicts poorly (the first of an answer) is followed by
+// a short wait — the probe's expected loss, ~2 AR steps, at most a quarter of it — not the 76 AR
+// steps a fixed 2 % share gave; a drafter that stays poor waits longer and longer, and in the long
+// run its probes cost about kProbeShare of the time.
+TEST(AutoBudget, FirstWaitIsShortAndPoorDrafterProbesRarely) {
+  RoundCosts costs;
+  costs.verify = VerifyCost({{1, 0.19}, {2, 0.2}, {5, 0.26}, {9, 0.29}, {17, 0.34}, {33, 0.44}, {65, 0.69}}, 65);
+  costs.draft_ms = 0.4;
+  costs.draft_seen = costs.frozen = true;
+  DraftTree t = root_tree(15);
+  for (int32_t d = 1; d <= 15; ++d) {  // a chain of σ = −1.5 d: f ≈ 0.22 at the first node
+    t.tokens.push_back(d);
+    t.depths.push_back(d);
+    t.parents.push_back(d - 1);
+    t.ranks.push_back(0);
+    t.scores.push_back(-1.5 * d);
+    t.children.emplace_back();
+    t.children[size_t(d - 1)].push_back(d);
+  }
+  BudgetController c(64);
+  std::vector<int64_t> waits;
+  double probe_loss_ms = 0, ar_ms = 0;
+  int64_t wait = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (!c.draft_now()) {
+      ar_ms += c.ar_step(costs).ms;
+      ++wait;
+      continue;
+    }
+    if (step > 0) waits.push_back(wait);
+    wait = 0;
+    const BudgetChoice b = c.choose(t, costs);
+    ASSERT_GE(b.nodes, 1);
+    probe_loss_ms += b.ms - 1.0 * 0.19;  // nothing accepted: the round commits one token
+    c.observe(truncate_tree(t, b.nodes), {0}, costs);
+  }
+  ASSERT_GE(waits.size(), 6u);
+  EXPECT_GE(waits[0], 4);
+  EXPECT_LE(waits[0], 16) << "the first wait after a poor round";
+  for (size_t i = 1; i < 5; ++i) EXPECT_GE(waits[i], waits[i - 1]) << "waits grow while probes fail";
+  EXPECT_LE(probe_loss_ms / ar_ms, 2.5 * BudgetController::kProbeShare) << "probes' share of the time, long run";
 }
 
 // --- in the engine -----------------------------------------------------------------------------
