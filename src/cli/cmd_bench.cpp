@@ -64,7 +64,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--spec", o.spec, "With --draft: ddtree (default) or dflash (the drafter's chain)");
   c->add_option("--budget", o.budgets,
                 "With --draft: the configurations, comma-separated — DDTree tree nodes N or auto (default auto); with "
-                "--spec dflash only auto (default: the whole chain)")
+                "--spec dflash chain (the whole chain, the default) or auto")
       ->delimiter(',');
   c->add_option("--budget-max", o.budget_max, cat("With --draft and --budget auto: the largest tree (default ", kDefaultBudgetMax, ")"));
   c->add_option("--prompt-ids", o.prompt_ids, "With --draft: one prompt as comma-separated token ids");
