@@ -128,11 +128,13 @@ BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, 
 // best tree (the draft is paid, and its nodes are the data f learns from), then AR steps follow:
 // 1, 2, 4 … kMaxBackoff after k consecutive poor probes, and never so few that the probe's expected
 // loss (its time beyond the AR steps that would commit its expected tokens) exceeds share_k of the
-// AR time it waits for, share_k = max(kProbeShare, kFirstProbeShare / 2^(k − 1)). So the first
-// waits are short — a drafter that is poor at the start of an answer and good a few lines on (the
-// trained pair on the H200: one poor first round, then τ = 16 every round) is caught after ~10 AR
-// steps, not after 76 as with a fixed 2 % — and a drafter that stays poor costs at most kProbeShare
-// in the long run (a drafter as slow as 8 AR steps then waits ~350). The next drafted round is a
+// AR time it waits for, share_k = max(kProbeShare, kFirstProbeShare / 2^(k − 1)): ⅛, 1/16, 1/32,
+// then 2 %. So the first waits are short — a drafter that is poor at the start of an answer and
+// good a few lines on (the trained pair on the H200: one poor first round, then τ = 16 every round)
+// is caught after ~16 AR steps, not after 76 as with a fixed 2 % — while a drafter that stays poor
+// costs about log2(T · ⅛ / loss) probes in T AR steps (~5 in 256 on the H200, 2–3 % of the time)
+// and at most kProbeShare in the long run (a drafter as slow as 8 AR steps then waits ~350). The
+// next drafted round is a
 // probe, judged on its own prediction. After a round that speculated, its tree is judged again with
 // the acceptance it has just learned (observe()), so a drafter that only looked good costs one
 // round, not as many as the prior's pseudo-counts would.
@@ -140,7 +142,7 @@ class BudgetController {
  public:
   static constexpr int64_t kMaxBackoff = 64;
   static constexpr double kProbeShare = 0.02;
-  static constexpr double kFirstProbeShare = 0.25;
+  static constexpr double kFirstProbeShare = 0.125;
   static constexpr int64_t kMaxWait = 1 << 16;
   static constexpr double kSmoothing = 0.3;  // weight of the newest round in the smoothed ratio
 
