@@ -195,9 +195,14 @@ BudgetChoice BudgetController::ar_step(const RoundCosts& costs) {
 
 PlanLimits BudgetController::limits(const RoundCosts& costs) const { return {depths_, costs.shapes}; }
 
+double BudgetController::calibration() const {
+  return std::clamp((calib_accepted_ + kCalibPrior) / (calib_predicted_ + kCalibPrior), kCalibMin, 1.0);
+}
+
 std::vector<double> BudgetController::node_f() const {
   std::vector<double> f(scores_.size());
-  for (size_t i = 0; i < scores_.size(); ++i) f[i] = acc_.f(scores_[i]);
+  const double c = calibration();
+  for (size_t i = 0; i < scores_.size(); ++i) f[i] = c * acc_.f(scores_[i]);
   return f;
 }
 
@@ -236,15 +241,21 @@ BudgetChoice BudgetController::choose(const DraftTree& tree, const RoundCosts& c
   const int64_t n = std::min({tree.size() - 1, max_nodes_, costs.verify.max_rows() - 1});
   scores_.assign(tree.scores.begin() + 1, tree.scores.begin() + 1 + std::max<int64_t>(n, 0));
   depths_.assign(tree.depths.begin() + 1, tree.depths.begin() + 1 + std::max<int64_t>(n, 0));
-  if (n < 1) return {0, 1.0, costs.verify.ms(1)};  // nothing drafted: the root alone
+  if (n < 1) {  // nothing drafted: the root alone
+    last_predicted_ = 0;
+    return {0, 1.0, costs.verify.ms(1)};
+  }
   const std::vector<double> f = node_f();
   const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms, limits(costs));
-  if (judge(plan, false)) return plan.best;
-  return back_off(f, costs, plan);
+  const BudgetChoice c = judge(plan, false) ? plan.best : back_off(f, costs, plan);
+  last_predicted_ = c.tokens - 1;
+  return c;
 }
 
 void BudgetController::observe(const DraftTree& verified, const std::vector<int32_t>& path, const RoundCosts& costs) {
   acc_.observe(verified, path);
+  calib_accepted_ = kCalibDecay * calib_accepted_ + double(path.size()) - 1;
+  calib_predicted_ = kCalibDecay * calib_predicted_ + last_predicted_;
   // The round's own check, with what it just taught: would its tree still look worth drafting? A
   // drafter that only looked good (the prior trusts its confidence) is caught after one round
   // instead of as many rounds as its pseudo-counts take to wear off.

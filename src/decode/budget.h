@@ -135,7 +135,10 @@ BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, 
 // costs about log2(T · ⅛ / loss) probes in T AR steps (~5 in 256 on the H200, 2–3 % of the time)
 // and at most kProbeShare in the long run (a drafter as slow as 8 AR steps then waits ~350). The
 // next drafted round is a
-// probe, judged on its own prediction. After a round that speculated, its tree is judged again with
+// probe, judged on its own prediction. f is scaled by the calibration of the drafted tokens so far —
+// decayed Σ accepted / Σ predicted (E[τ] − 1) with a prior of kCalibPrior tokens at 1, never above 1
+// — so a stretch where the per-σ acceptance over-predicts (the trained pair's poorest prompt: rounds
+// predicted 60 tokens and committed 46) stops speculating sooner. After a round that speculated, its tree is judged again with
 // the acceptance it has just learned (observe()), so a drafter that only looked good costs one
 // round, not as many as the prior's pseudo-counts would.
 class BudgetController {
@@ -145,6 +148,8 @@ class BudgetController {
   static constexpr double kFirstProbeShare = 0.125;
   static constexpr int64_t kMaxWait = 1 << 16;
   static constexpr double kSmoothing = 0.3;  // weight of the newest round in the smoothed ratio
+  static constexpr double kCalibDecay = 0.9, kCalibPrior = 4.0, kCalibMin = 0.25;
+  double calibration() const;  // the factor on f: (accepted + prior) / (predicted + prior), clamped
 
   explicit BudgetController(int64_t max_nodes);
   bool draft_now() const { return ar_left_ == 0; }
@@ -169,6 +174,9 @@ class BudgetController {
   std::vector<int32_t> depths_;  // … and their depths
   int64_t max_nodes_ = 0, ar_left_ = 0, fails_ = 0;
   double ratio_ = 0, ratio_before_ = 0;  // the smoothed ratio, and before the last drafted round
+  // Calibration of the drafted tokens: decayed Σ accepted / Σ predicted (E[τ] − 1) over verified rounds,
+  // each with kCalibPrior tokens of prior at 1; f is scaled by it (within [kCalibMin, 1]).
+  double calib_accepted_ = 0, calib_predicted_ = 0, last_predicted_ = 0;
   bool speculating_ = false, smoothed_before_ = false;
 };
 
