@@ -892,6 +892,56 @@ def write_checkpoint(d, ck, nshards):
     return files + ["model.safetensors.index.json"]
 
 
+def _header_bytes(ck, names, meta):
+    """The safetensors header of a file holding `names` of ck: 8 length bytes + the JSON, padded to 8."""
+    h = {"__metadata__": meta} if meta else {}
+    off = 0
+    for n in names:
+        b = ck[n].numel() * ck[n].element_size()
+        h[n] = {"dtype": str(ck[n].dtype).replace("torch.", "").upper(), "shape": list(ck[n].shape),
+                "data_offsets": [off, off + b]}
+        off += b
+    j = json.dumps(h, separators=(",", ":"))
+    return 8 + (len(j) + 7) // 8 * 8 + 32  # (+32: dtype spellings differ, e.g. BF16 vs BFLOAT16)
+
+
+def write_checkpoint_max(d, ck, max_shard_bytes):
+    """Shards of at most max_shard_bytes each (whole files, headers included) + model.safetensors.index.json,
+    as the published K2 checkpoint is laid out: tensors in name order, a new shard when the next tensor would
+    not fit (a tensor larger than the limit alone in its shard: refused, a file over the limit would be
+    committed). One file that fits is still written as a single shard with its index. Returns the file names."""
+    meta = {"format": "pt"}
+    ck = OrderedDict((k, ck[k].contiguous()) for k in sorted(ck))
+    shards, cur = [], []
+    for n in ck:
+        if cur and _header_bytes(ck, cur + [n], meta) + sum(ck[m].numel() * ck[m].element_size() for m in cur + [n]) > max_shard_bytes:
+            shards.append(cur)
+            cur = []
+        cur.append(n)
+        if _header_bytes(ck, cur, meta) + sum(ck[m].numel() * ck[m].element_size() for m in cur) > max_shard_bytes:
+            raise ValueError(f"{n}: {ck[n].numel() * ck[n].element_size()} bytes do not fit a shard of {max_shard_bytes}")
+    if cur:
+        shards.append(cur)
+    total = sum(v.numel() * v.element_size() for v in ck.values())
+    weight_map, files = {}, []
+    for i, sh in enumerate(shards):
+        fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        path = os.path.join(d, fn)
+        save_file({n: ck[n] for n in sh}, path, metadata=meta)
+        assert os.path.getsize(path) <= max_shard_bytes, (fn, os.path.getsize(path), max_shard_bytes)
+        files.append(fn)
+        for n in sh:
+            weight_map[n] = fn
+    stale = os.path.join(d, "model.safetensors")
+    if os.path.exists(stale):  # an earlier single-file save: two copies would disagree on which is read
+        os.remove(stale)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+        f.write("\n")
+    return files + ["model.safetensors.index.json"]
+
+
 def read_checkpoint(d):
     idx = os.path.join(d, "model.safetensors.index.json")
     if not os.path.exists(idx):

@@ -215,6 +215,9 @@ def stored_checkpoint(model) -> tuple[OrderedDict, list]:
     return ck, items
 
 
+MAX_SHARD_BYTES = 6_000_000
+
+
 def save(out_dir: Path, cfg_json: dict, ck: OrderedDict):
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
@@ -222,7 +225,8 @@ def save(out_dir: Path, cfg_json: dict, ck: OrderedDict):
            "eos_token_id": cfg_json["eos_token_id"], "pad_token_id": cfg_json["pad_token_id"],
            "do_sample": False, "transformers_version": cfg_json["transformers_version"]}
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    mf.write_checkpoint(str(out_dir), ck, 1)
+    # ≤ 6 MB shards and an index (the published K2 layout), so no file of the committed pair exceeds 8 MB.
+    mf.write_checkpoint_max(str(out_dir), ck, MAX_SHARD_BYTES)
 
 
 def load_int4(out_dir: Path, device, attn: str = "sdpa", experts: str = "eager"):

@@ -2,9 +2,9 @@
 """Trains a small, real Kimi-K2-architecture target and its DFlash drafter (issue 16 §1), offline.
 
 One command builds, under --out:
-  target/    config.json (Kimi K2 form, quantization_config), generation_config.json, model.safetensors
-             (routed experts INT4 compressed-tensors pack-quantized g32, the rest bf16, router bias
-             F32), tiktoken.model + tokenizer_config.json (a BPE trained here, Kimi's pat_str and
+  target/    config.json (Kimi K2 form, quantization_config), generation_config.json, shards of ≤ 6 MB
+             model-0000i-of-0000n.safetensors + model.safetensors.index.json (routed experts INT4
+             compressed-tensors pack-quantized g32, the rest bf16, router bias F32), tiktoken.model + tokenizer_config.json (a BPE trained here, Kimi's pat_str and
              specials), NOTICE (corpus packages, versions, licences, file-list hash), training.json
   drafter/   config.json (DFlashDraftModel, published form), model.safetensors (bf16), NOTICE
   eval_prompts.json   held-out prompts (ids + text) for check_pair.py and τ measurements

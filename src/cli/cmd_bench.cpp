@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cli/budget_flags.h"
 #include "cli/commands.h"
 #include "cli/int_flag.h"
 #include "core/error.h"
@@ -55,6 +56,26 @@ void add_bench(CLI::App& app, BenchOptions& o) {
       ->transform(whole_number(o.verify_sizes))
       ->check(CLI::Range(1, 4096));
   add_tp_flags(c, o.tp);
+  c->add_option("--draft", o.draft,
+                "A DFlash drafter directory: the speculative bench instead — for each prompt, decode tokens/s of AR and of "
+                "--spec at each --budget (median of -r, runs interleaved), the speedup, τ, --budget auto's AR steps, and a "
+                "check that the output is AR's; greedy repetition loops (an n-gram of 8+ tokens seen 3+ times) are flagged "
+                "and summarised apart. Every run decodes -n tokens (EOS ignored)");
+  c->add_option("--spec", o.spec, "With --draft: ddtree (default) or dflash (the drafter's chain)");
+  c->add_option("--budget", o.budgets,
+                "With --draft: the configurations, comma-separated — DDTree tree nodes N or auto (default auto); with "
+                "--spec dflash chain (the whole chain, the default) or auto")
+      ->delimiter(',');
+  c->add_option("--budget-max", o.budget_max, cat("With --draft and --budget auto: the largest tree (default ", kDefaultBudgetMax, ")"));
+  c->add_option("--prompt-ids", o.prompt_ids, "With --draft: one prompt as comma-separated token ids");
+  c->add_option("--prompts", o.prompts,
+                "With --draft: a JSON array of prompts, each an array of token ids or an object with \"ids\" (as "
+                "assets/pair/eval_prompts.json)");
+  c->add_option("--prompt-limit", o.prompt_limit, "With --prompts: only the first K prompts (default all)")
+      ->transform(whole_number(o.prompt_limit))
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  c->add_option("--temp", o.temp, "With --draft: sampling temperature (default 0, greedy; T > 0 is seeded, so AR's tokens still match)");
+  c->add_option("-s,--seed", o.seed, "With --draft and --temp > 0: the sampling seed (default 0)");
 }
 
 namespace {
@@ -102,6 +123,11 @@ std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o) {
 }
 
 int cmd_bench(const BenchOptions& o) {
+  if (!o.draft.empty()) return cmd_bench_spec(o);
+  if (o.spec != "ddtree" || !o.budgets.empty() || !o.budget_max.empty() || !o.prompt_ids.empty() || !o.prompts.empty() ||
+      o.prompt_limit != 0 || o.temp != 0 || o.seed != 0)
+    fail("--spec, --budget, --budget-max, --prompt-ids, --prompts, --prompt-limit, --temp and --seed are the speculative "
+         "bench's: add --draft DIR");
   if (!o.serve.empty() && o.device != "cuda") fail("--serve: the engine load test runs with --device cuda (the CPU's is bench/serve_load.py)");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
   if (o.device == "cuda" && o.tp.tp > 1 && !o.serve.empty())

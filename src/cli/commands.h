@@ -57,7 +57,19 @@ struct BenchOptions {
   std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (--device cuda)
   std::vector<int64_t> verify_sizes;  // --verify-sizes: tree nodes N of the verify curve (empty: verify_sizes_or_default)
   TpFlags tp;
+  // --draft DIR: the speculative bench (cmd_bench_spec.cpp) — AR against --spec ddtree|dflash at each of
+  // --budget B1,B2,… (N or auto) on --prompt-ids or --prompts FILE (the first --prompt-limit of them).
+  std::string draft, spec = "ddtree", budget_max, prompt_ids, prompts;
+  std::vector<std::string> budgets;
+  int64_t prompt_limit = 0;
+  double temp = 0;
+  uint64_t seed = 0;
 };
+// A greedy repetition loop, as the speculative bench flags it: some n-gram of at least kLoopNgram
+// tokens occurs kLoopCount times or more in the output.
+inline constexpr int64_t kLoopNgram = 8, kLoopCount = 3;
+bool has_repetition_loop(const std::vector<int32_t>& ids, int64_t min_len, int64_t min_count);
+int cmd_bench_spec(const BenchOptions& o);  // `bench --draft DIR`
 std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o);  // 1, 2, 4 … 64 unless given
 void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);

@@ -67,7 +67,8 @@ void VerifyCost::observe(int64_t rows, double ms) {
   if (rows < 1 || rows > max_rows() || !(std::isfinite(ms) && ms > 0)) return;
   double w = 0;
   const size_t j = segment(rows, &w);
-  const double err = ms - this->ms(rows);
+  const double pred = this->ms(rows);
+  const double err = std::clamp(ms, 0.5 * pred, 2.0 * pred) - pred;
   // The step on (1 − w, w) that removes kCostStep of the error: Δ = kCostStep · err / ((1 − w)² + w²).
   const double step = kCostStep * err / ((1 - w) * (1 - w) + w * w);
   knots_[j].second = std::max(1e-6, knots_[j].second + step * (1 - w));
@@ -120,37 +121,66 @@ void AcceptanceModel::observe(const DraftTree& tree, const std::vector<int32_t>&
 
 namespace {
 
-void check_plan_input(const std::vector<double>& f, const VerifyCost& cost) {
+void check_plan_input(const std::vector<double>& f, const VerifyCost& cost, const PlanLimits& lim) {
   if (f.empty()) fail("budget plan: no nodes to choose from");
   if (int64_t(f.size()) + 1 > cost.max_rows())
     fail("budget plan: ", f.size(), " nodes need cost(", f.size() + 1, "), the table ends at ", cost.max_rows(), " rows");
+  if (!lim.depths.empty() && lim.depths.size() != f.size())
+    fail("budget plan: ", lim.depths.size(), " node depths for ", f.size(), " nodes");
+}
+
+// The candidate rounds N = 1 … f.size() that the limits allow (N = 1 when none is), each with its
+// expected tokens — 1 + Σ_{i ≤ N} f_i, capped at 1 + the deepest of those nodes' depth — and time.
+template <class Visit>
+void for_each_choice(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, const PlanLimits& lim,
+                     Visit visit) {
+  double sum = 1;
+  int32_t deepest = 0;
+  size_t next_shape = 0;
+  bool any = false;
+  for (size_t i = 0; i < f.size(); ++i) {
+    sum += f[i];
+    if (!lim.depths.empty()) deepest = std::max(deepest, lim.depths[i]);
+    const int64_t rows = int64_t(i) + 2;
+    if (!lim.shapes.empty()) {
+      while (next_shape < lim.shapes.size() && lim.shapes[next_shape] < rows) ++next_shape;
+      if (next_shape == lim.shapes.size() || lim.shapes[next_shape] != rows) continue;
+    }
+    const double tokens = lim.depths.empty() ? sum : std::min(sum, 1.0 + double(deepest));
+    visit(BudgetChoice{int64_t(i + 1), tokens, draft_ms + cost.ms(rows)});
+    any = true;
+  }
+  if (!any) {
+    const double tokens = lim.depths.empty() ? 1 + f[0] : std::min(1 + f[0], 1.0 + double(lim.depths[0]));
+    visit(BudgetChoice{1, tokens, draft_ms + cost.ms(2)});
+  }
 }
 
 }  // namespace
 
-BudgetPlan plan_budget(const std::vector<double>& f, const VerifyCost& cost, double draft_ms) {
-  check_plan_input(f, cost);
+BudgetPlan plan_budget(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, const PlanLimits& limits) {
+  check_plan_input(f, cost, limits);
   BudgetPlan p;
   p.ar = {0, 1.0, cost.ms(1)};
-  double tokens = 1;
-  for (size_t i = 0; i < f.size(); ++i) {
-    tokens += f[i];
-    const BudgetChoice c{int64_t(i + 1), tokens, draft_ms + cost.ms(int64_t(i + 2))};
-    if (i == 0 || c.tokens_per_ms() > p.best.tokens_per_ms()) p.best = c;
-  }
+  bool first = true;
+  for_each_choice(f, cost, draft_ms, limits, [&](const BudgetChoice& c) {
+    if (first || c.tokens_per_ms() > p.best.tokens_per_ms()) p.best = c;
+    first = false;
+  });
   return p;
 }
 
-BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, double rate) {
-  check_plan_input(f, cost);
+BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, double rate,
+                          const PlanLimits& limits) {
+  check_plan_input(f, cost, limits);
   BudgetChoice best;
-  double best_gain = 0, tokens = 1;
-  for (size_t i = 0; i < f.size(); ++i) {
-    tokens += f[i];
-    const BudgetChoice c{int64_t(i + 1), tokens, draft_ms + cost.ms(int64_t(i + 2))};
+  double best_gain = 0;
+  bool first = true;
+  for_each_choice(f, cost, draft_ms, limits, [&](const BudgetChoice& c) {
     const double gain = c.tokens - rate * (c.ms - draft_ms);
-    if (i == 0 || gain > best_gain) best = c, best_gain = gain;
-  }
+    if (first || gain > best_gain) best = c, best_gain = gain;
+    first = false;
+  });
   return best;
 }
 
@@ -163,9 +193,16 @@ BudgetChoice BudgetController::ar_step(const RoundCosts& costs) {
   return {0, 1.0, costs.verify.ms(1)};
 }
 
+PlanLimits BudgetController::limits(const RoundCosts& costs) const { return {depths_, costs.shapes}; }
+
+double BudgetController::calibration() const {
+  return std::clamp((calib_accepted_ + kCalibPrior) / (calib_predicted_ + kCalibPrior), kCalibMin, 1.0);
+}
+
 std::vector<double> BudgetController::node_f() const {
   std::vector<double> f(scores_.size());
-  for (size_t i = 0; i < scores_.size(); ++i) f[i] = acc_.f(scores_[i]);
+  const double c = calibration();
+  for (size_t i = 0; i < scores_.size(); ++i) f[i] = c * acc_.f(scores_[i]);
   return f;
 }
 
@@ -189,11 +226,12 @@ bool BudgetController::judge(const BudgetPlan& plan, bool recheck) {
 }
 
 BudgetChoice BudgetController::back_off(const std::vector<double>& f, const RoundCosts& costs, const BudgetPlan& plan) {
-  const BudgetChoice probe = best_at_rate(f, costs.verify, costs.draft_ms, plan.ar.tokens_per_ms());
+  const BudgetChoice probe = best_at_rate(f, costs.verify, costs.draft_ms, plan.ar.tokens_per_ms(), limits(costs));
   // What such a round costs beyond the AR steps that would have committed its expected tokens; the
-  // wait makes probes at most kProbeShare of the time spent waiting.
+  // wait makes the k-th consecutive probe at most share_k of the time spent waiting.
   const double loss_ms = std::max(0.0, probe.ms - probe.tokens * plan.ar.ms);
-  const double floor_steps = std::ceil(loss_ms / (kProbeShare * plan.ar.ms));
+  const double share = std::max(kProbeShare, kFirstProbeShare / std::ldexp(1.0, int(std::min<int64_t>(fails_, 60)) - 1));
+  const double floor_steps = std::ceil(loss_ms / (share * plan.ar.ms));
   const int64_t doubling = fails_ > 7 ? kMaxBackoff : std::min<int64_t>(int64_t(1) << (fails_ - 1), kMaxBackoff);
   ar_left_ = std::max<int64_t>(doubling, int64_t(std::min<double>(floor_steps, double(kMaxWait))));
   return probe;
@@ -202,29 +240,54 @@ BudgetChoice BudgetController::back_off(const std::vector<double>& f, const Roun
 BudgetChoice BudgetController::choose(const DraftTree& tree, const RoundCosts& costs) {
   const int64_t n = std::min({tree.size() - 1, max_nodes_, costs.verify.max_rows() - 1});
   scores_.assign(tree.scores.begin() + 1, tree.scores.begin() + 1 + std::max<int64_t>(n, 0));
-  if (n < 1) return {0, 1.0, costs.verify.ms(1)};  // nothing drafted: the root alone
+  depths_.assign(tree.depths.begin() + 1, tree.depths.begin() + 1 + std::max<int64_t>(n, 0));
+  if (n < 1) {  // nothing drafted: the root alone
+    last_predicted_ = 0;
+    return {0, 1.0, costs.verify.ms(1)};
+  }
   const std::vector<double> f = node_f();
-  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms);
-  if (judge(plan, false)) return plan.best;
-  return back_off(f, costs, plan);
+  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms, limits(costs));
+  const BudgetChoice c = judge(plan, false) ? plan.best : back_off(f, costs, plan);
+  last_predicted_ = c.tokens - 1;
+  return c;
 }
 
 void BudgetController::observe(const DraftTree& verified, const std::vector<int32_t>& path, const RoundCosts& costs) {
   acc_.observe(verified, path);
+  calib_accepted_ = kCalibDecay * calib_accepted_ + double(path.size()) - 1;
+  calib_predicted_ = kCalibDecay * calib_predicted_ + last_predicted_;
   // The round's own check, with what it just taught: would its tree still look worth drafting? A
   // drafter that only looked good (the prior trusts its confidence) is caught after one round
   // instead of as many rounds as its pseudo-counts take to wear off.
   if (!speculating_ || scores_.empty()) return;
   const std::vector<double> f = node_f();
-  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms);
+  const BudgetPlan plan = plan_budget(f, costs.verify, costs.draft_ms, limits(costs));
   if (!judge(plan, true)) back_off(f, costs, plan);
 }
 
-VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows, double budget_s) {
+std::vector<int64_t> profile_rows(int64_t max_rows) {
   if (max_rows < 1) fail("verify cost profile: need at least one row (got ", max_rows, ")");
+  // 1, 2, 3, 5, 9, 17, 33, 65 … (2^k + 1: a tree of 2^k nodes and its root) with the midpoints
+  // 4, 7, 13, 25, 49, 97 … (3·2^(k−2) + 1) between them.
   std::vector<int64_t> rows;
-  for (int64_t r = 1; r <= max_rows; r = r == 1 ? 2 : 2 * r - 1) rows.push_back(r);  // 1, 2, 3, 5, 9, 17, 33, 65 …
-  if (rows.back() != max_rows) rows.push_back(max_rows);
+  for (int64_t r = 1; r <= max_rows; r = r == 1 ? 2 : 2 * r - 1) {
+    if (r >= 5) {
+      const int64_t mid = 3 * ((r - 1) / 4) + 1;
+      if (mid > rows.back()) rows.push_back(mid);
+    }
+    rows.push_back(r);
+  }
+  if (rows.back() != max_rows) {
+    const int64_t last = rows.back();
+    const int64_t mid = 3 * ((2 * last - 2) / 4) + 1;  // the midpoint on the way to the next 2^k + 1
+    if (last >= 3 && mid > last && mid < max_rows) rows.push_back(mid);
+    rows.push_back(max_rows);
+  }
+  return rows;
+}
+
+VerifyCost profile_verify_cost(const std::function<double(int64_t rows)>& time_forward, int64_t max_rows, double budget_s) {
+  const std::vector<int64_t> rows = profile_rows(max_rows);
   constexpr size_t kMinRuns = 3, kMaxRuns = 9;
   constexpr double kCheapMs = 25;
   const double t0 = now_s();

@@ -192,7 +192,7 @@ void Engine::Impl::init_costs() {
     }
     if (draft_taps > 0) {
       a.tap_layers = &draft_tap_layers;
-      if (draft_device_taps) {
+      if (draft_device_taps && n > 1) {  // (an AR step brings its taps to the host: schedule())
         a.device_taps = &dev_taps;
       } else {
         taps.resize(static_cast<size_t>(n * draft_taps * hid));
@@ -211,13 +211,15 @@ void Engine::Impl::init_costs() {
     throw;
   }
   for (int32_t b : blocks) pool.release(b);
+  if (target.shape_warmup()) costs.shapes = profile_rows(max_rows);
   std::string table;
   std::vector<int64_t> shown;
-  for (int64_t r : {1, 2, 5, 9, 17, 33})
+  for (int64_t r : {1, 2, 5, 9, 17, 33, 49})
     if (r < max_rows) shown.push_back(r);
   shown.push_back(max_rows);
   for (int64_t r : shown) table += cat(table.empty() ? "" : ", ", r, ": ", costs.verify.ms(r));
-  log_info("--budget auto: verify cost by rows (ms) ", table, " — profiled in ", (now_s() - t0) * 1e3, " ms");
+  log_info("--budget auto: verify cost by rows (ms) ", table, " — profiled in ", (now_s() - t0) * 1e3, " ms",
+           costs.shapes.empty() ? "" : "; rounds verify the profiled sizes only (this device captures a graph per size)");
 }
 
 // Host taps of committed rows wait until the drafter next drafts (flush_context); a stretch of
@@ -362,6 +364,7 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
       // forward the AR decode step's; the row's taps still reach the drafter (post_kv), so a later
       // round drafts with full context.
       s.step_choice = s.budget->ar_step(costs);
+      s.step_draft_ms = 0;
       s.round = std::make_unique<DraftRound>(make_round(root_tree(L), s.next, start));
     } else {
       // (A drafter on the GPU hands back only the tree builder's top-k: draft_tree.)
@@ -391,7 +394,8 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
         // A round's draft cost includes the context it takes in — a round's worth (≤ block rows): a
         // catch-up after AR steps counts at that share.
         const double share = caught_up > draft_block ? double(draft_block) / double(caught_up) : 1.0;
-        costs.observe_draft(draft_ms - flush_ms * (1 - share));
+        s.step_draft_ms = draft_ms - flush_ms * (1 - share);
+        costs.observe_draft(s.step_draft_ms);
         s.step_choice = s.budget->choose(tree, costs);
         tree = truncate_tree(tree, s.step_choice.nodes);
       }
@@ -431,7 +435,13 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
   }
   if (s.n_taps) {
     a.tap_layers = &s.drafter->tap_layers();
-    if (s.device_taps) {
+    // An AR step's row comes to the host and waits (defer_context) like the CPU's: handed to a
+    // device drafter at once, each AR step paid the drafter's context update — a copy and nine
+    // small kernel launches, ~0.06 ms where the step is 0.2 ms on the H200 — and the next draft
+    // takes the whole stretch in one update instead. (The trained pair's poorest prompt on the
+    // H200: --budget auto 0.76× → 0.85× AR. The taps' copy-out still costs an AR step ~0.04 ms;
+    // a step without taps, their rows recomputed before the next draft, would not.)
+    if (s.device_taps && !s.step_ar) {
       a.device_taps = &s.dev_taps;
     } else {
       s.taps.resize(static_cast<size_t>(a.n * s.n_taps * c.hidden_size));
@@ -698,7 +708,18 @@ void Engine::Impl::step() {
       target.forward_batch(batch, &fst);
       t_fwd = now_s() - t0;
       // --budget auto's cost model is one sequence's: only a forward of one round refines it.
-      if (in_batch.size() == 1 && in_batch[0]->round && in_batch[0]->budget) costs.observe_verify(rows, t_fwd * 1e3);
+      if (in_batch.size() == 1 && in_batch[0]->round && in_batch[0]->budget) {
+        const EngineSeq& q = *in_batch[0];
+        // (-v) The controller's view of each round, before this round refines it: what it chose and
+        // predicted, what the draft and the verify measured, the model's costs and its smoothed ratio.
+        if (log_level() >= LogLevel::debug)
+          log_debug("budget auto: pos ", q.n_kv, q.step_ar ? " AR step" : " round", " N ", q.step_choice.nodes,
+                    " predicted ", q.step_choice.tokens, " tok in ", q.step_choice.ms, " ms; measured draft ",
+                    q.step_draft_ms, " ms, verify(", rows, ") ", t_fwd * 1e3, " ms; model draft ", costs.draft_ms,
+                    " ms, cost(", rows, ") ", costs.verify.ms(rows), " ms, cost(1) ", costs.verify.ms(1),
+                    " ms; ratio ", q.budget->ratio(), ", AR steps left ", q.budget->ar_left());
+        costs.observe_verify(rows, t_fwd * 1e3);
+      }
       for (EngineSeq* q : in_batch) {
         RequestStats& rs = q->stats;
         ++rs.forwards;

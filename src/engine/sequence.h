@@ -52,6 +52,7 @@ struct EngineSeq {
   std::unique_ptr<DraftRound> round;
   bool step_ar = false;           // the round is --budget auto's AR step (the root alone, no draft)
   BudgetChoice step_choice;       // --budget auto: what this round's choice expected
+  double step_draft_ms = 0;       // --budget auto: this round's measured draft time (0: an AR step)
   std::unique_ptr<grammar::Matcher> matcher;  // constrained requests: the grammar's state after the committed tokens
   std::vector<float> masked;                  // [vocab] the logits row with the grammar's mask applied
 

@@ -50,6 +50,7 @@ class CudaTarget final : public Target {
   bool supports(AttnForm form) const override { return form == AttnForm::absorbed; }
   bool device_argmax() const override;
   bool device_taps() const override;
+  bool shape_warmup() const override { return graphs(); }
   void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const override;
   void logits_row(int64_t seq, int64_t row, float* out) const override;
   void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;

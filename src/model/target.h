@@ -94,6 +94,9 @@ class Target {
   // Output modes a forward may ask for (ForwardArgs::argmax_ids, ForwardArgs::device_taps).
   virtual bool device_argmax() const { return false; }
   virtual bool device_taps() const { return false; }
+  // true where the first forwards of a row count cost extra (the CUDA target captures a graph per
+  // shape): --budget auto then verifies only the row counts its start-up profile ran.
+  virtual bool shape_warmup() const { return false; }
   // Every sequence's rows in one forward; one host sync.
   virtual void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const = 0;
   // After a forward in which sequence `seq` (its index in that batch) asked for argmax outputs:

@@ -243,6 +243,61 @@ TEST(CudaEngine, DDTreeWithGpuDrafterEqualsGenerateARBitwise) {
   }
 }
 
+// --budget auto on the GPU with a GPU drafter: its AR steps bring their tap row to the host and the
+// drafter takes the stretch at its next draft (engine.cpp schedule), drafted rounds hand theirs over
+// on the device. The drafter's context must be the same rows in the same order as when every row
+// goes through the host (device outputs off): with fixed costs the policy depends only on the
+// drafted trees, so the two runs must draft the same trees round for round — a row lost, repeated
+// or out of order changes a random drafter's logits and so its trees. Both outputs are AR's.
+TEST(CudaEngine, AutoBudgetARStepsKeepTheGpuDrafterContext) {
+  REQUIRE_GPU();
+  const DeepseekV3& m = model_of("k2-bf16");
+  const fs::path dir = fs::temp_directory_path() / cat("kdtree-gpu-auto-drafter-", getpid());
+  if (!fs::exists(dir / "config.json")) make_drafter(fixture("k2-bf16"), dir.string(), 5, 2, 8, /*force=*/true);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 9; ++i) prompt.push_back(int32_t((i * 89 + 3) % m.config().vocab_size));
+  GenerateOptions g;
+  g.max_new_tokens = 160;
+  g.ignore_eos = true;
+  SpecOptions so;
+  so.auto_budget = true;
+  so.budget = 16;
+  // A random drafter at a draft as dear as two AR steps: AR steps with probes between them.
+  so.fixed_verify_ms = {{1, 1.0}, {2, 2.2}, {9, 8.0}, {65, 60.0}};
+  so.fixed_draft_ms = 2.0;
+  so.record_trees = true;
+  CudaTarget gpu(m, 1);
+  const GenerateResult ar = generate_ar(gpu, prompt, g);
+  std::vector<SpecResult> runs;
+  std::vector<uint64_t> host_rows;
+  for (bool device : {true, false}) {
+    gpu.set_device_outputs(device);
+    CudaDFlash d(dir.string(), gpu, 512);
+    const uint64_t before = gpu.host_tap_rows();
+    runs.push_back(generate_ddtree(gpu, d, prompt, g, so));
+    host_rows.push_back(gpu.host_tap_rows() - before);
+    ASSERT_EQ(runs.back().gen.output_ids, ar.output_ids) << (device ? "device outputs" : "host path");
+  }
+  gpu.set_device_outputs(true);
+  const SpecStats& a = runs[0].stats;
+  const SpecStats& b = runs[1].stats;
+  EXPECT_GT(a.ar_steps, 20);
+  EXPECT_GE(a.rounds - a.ar_steps, 3) << "probes after AR stretches: the deferred rows reach the drafter";
+  // Device outputs: exactly the AR steps' rows came to the host (one each), the rounds' stayed.
+  EXPECT_EQ(host_rows[0], uint64_t(a.ar_steps));
+  EXPECT_GT(host_rows[1], host_rows[0]);
+  ASSERT_EQ(a.round_trees.size(), b.round_trees.size());
+  int64_t drafted = 0;
+  for (size_t r = 0; r < a.round_trees.size(); ++r) {
+    EXPECT_EQ(a.round_trees[r].start, b.round_trees[r].start) << "round " << r;
+    ASSERT_EQ(a.round_trees[r].tokens, b.round_trees[r].tokens) << "round " << r << ": the drafters saw different context";
+    EXPECT_EQ(a.round_trees[r].parents, b.round_trees[r].parents) << "round " << r;
+    drafted += a.round_trees[r].tokens.size() > 1;
+  }
+  EXPECT_GE(drafted, 3);
+  fs::remove_all(dir);
+}
+
 TEST(CudaEngine, RefusesWhatTheDeviceCannotDo) {
   REQUIRE_GPU();
   const DeepseekV3& m = model_of("k2-bf16");
