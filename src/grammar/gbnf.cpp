@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -46,6 +47,14 @@ class Parser {
   const SpecialTokens& specials_;
   size_t pos_ = 0;
   GrammarBuilder b_;
+  // Rules made by x*, x+ or x? (body x): a second operator on one of them is folded into it — (x+)+
+  // is x+, (x?)? is x?, any other pair is x* — the same language, one parse per text. Stacked,
+  // they would nest one rule per operator and leave 2^n parses alive (each a matcher stack).
+  struct Simple {
+    Sequence body;
+    int64_t lo, hi;
+  };
+  std::unordered_map<int32_t, Simple> simple_;
 
   bool at_end() const { return pos_ >= t_.size(); }
   char peek() const { return at_end() ? '\0' : t_[pos_]; }
@@ -216,7 +225,20 @@ class Parser {
         return;
       }
       if (item.empty()) error(p, "nothing to repeat");
-      item = {{Element::rule, b_.repeat(item, lo, hi, "rep")}};
+      const bool simple = lo <= 1 && (hi < 0 || (lo == 0 && hi == 1));
+      Sequence body = item;
+      if (simple && item.size() == 1 && item[0].kind == Element::rule) {
+        if (auto it = simple_.find(item[0].index); it != simple_.end()) {
+          const Simple& in = it->second;
+          const bool both_plus = lo == 1 && in.lo == 1, both_opt = hi == 1 && in.hi == 1;
+          body = in.body;
+          lo = both_plus ? 1 : 0;
+          hi = both_opt ? 1 : -1;
+        }
+      }
+      const int32_t r = b_.repeat(body, lo, hi, "rep");
+      if (simple) simple_[r] = {std::move(body), lo, hi};
+      item = {{Element::rule, r}};
     }
   }
 
@@ -271,8 +293,18 @@ class Parser {
     if (c == '(') {
       if (depth + 1 > kMaxNesting) error(p, cat("groups nested deeper than ", kMaxNesting));
       ++pos_;
+      Sequence first = parse_sequence(depth + 1);
+      skip();
+      if (peek() == ')' && first.size() == 1) {  // (x): x itself, so (x+)+ folds as x++ does
+        ++pos_;
+        return first;
+      }
       const int32_t r = b_.fresh("group");
-      parse_alternatives(r, depth + 1);
+      b_.add_alternative(r, std::move(first));
+      if (peek() == '|') {
+        ++pos_;
+        parse_alternatives(r, depth + 1);
+      }
       if (!eat(")")) error(p, "unclosed '('");
       out.push_back({Element::rule, r});
       return out;

@@ -17,6 +17,13 @@ constexpr size_t kMaxMasks = 256;
 
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
+// The distinct stacks in v (sorted and deduplicated in place; intern_state does the same).
+size_t dedup_size(std::vector<int32_t>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v.size();
+}
+
 }  // namespace
 
 CompiledGrammar::CompiledGrammar(const Grammar& g) : sets(g.sets), names(g.names), root(g.root) {
@@ -61,10 +68,16 @@ int32_t Matcher::intern_stack(int32_t pos, int32_t parent) {
 void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
   work_.clear();
   work_.push_back({pos, parent});
+  if (++seen_now_ == 0) {  // the stamps wrapped: clear them once in 2^32 closures
+    std::fill(seen_stamp_.begin(), seen_stamp_.end(), 0u);
+    seen_now_ = 1;
+  }
+  seen_count_ = 0;
   while (!work_.empty()) {
     auto [p, par] = work_.back();
     work_.pop_back();
     for (;;) {
+      if (!first_visit(p, par)) break;  // reached before by another path: its stacks are in out
       const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
       if (e.kind == kBytes || e.kind == kToken) {
         out.push_back(intern_stack(p, par));
@@ -93,9 +106,45 @@ void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
   }
 }
 
+bool Matcher::first_visit(int32_t pos, int32_t parent) {
+  if (2 * (seen_count_ + 1) > seen_key_.size()) {  // grow (and rehash this closure's entries) at half full
+    std::vector<uint64_t> keys;
+    for (size_t i = 0; i < seen_key_.size(); ++i)
+      if (seen_stamp_[i] == seen_now_) keys.push_back(seen_key_[i]);
+    const size_t cap = std::max<size_t>(64, seen_key_.size() * 2);
+    seen_key_.assign(cap, 0);
+    seen_stamp_.assign(cap, 0);
+    const uint32_t now = seen_now_;
+    for (uint64_t k : keys) {
+      size_t i = size_t((k * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
+      while (seen_stamp_[i] == now) i = (i + 1) & (cap - 1);
+      seen_key_[i] = k, seen_stamp_[i] = now;
+    }
+  }
+  if (seen_count_ > kMaxClosureItems) check_state_size(kMaxStacksPerState + 1);
+  const uint64_t k = pair_key(pos, parent);
+  const size_t mask = seen_key_.size() - 1;
+  for (size_t i = size_t((k * 0x9E3779B97F4A7C15ull) >> 17) & mask;; i = (i + 1) & mask) {
+    if (seen_stamp_[i] != seen_now_) {
+      seen_key_[i] = k, seen_stamp_[i] = seen_now_;
+      ++seen_count_;
+      return true;
+    }
+    if (seen_key_[i] == k) return false;
+  }
+}
+
+void Matcher::check_state_size(size_t n) const {
+  if (n > kMaxStacksPerState)
+    fail("grammar: more than ", kMaxStacksPerState,
+         " parses of the text so far are alive at once — the grammar is too ambiguous to match (stacked or nested "
+         "repetitions such as (x+)+ or (x*)* keep every way of splitting the text); write it so that each text has one parse");
+}
+
 Matcher::State Matcher::intern_state(std::vector<int32_t>& stacks) {
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  check_state_size(stacks.size());
   std::string key(reinterpret_cast<const char*>(stacks.data()), stacks.size() * sizeof(int32_t));
   auto [it, added] = state_index_.try_emplace(std::move(key), int32_t(state_begin_.size() - 1));
   if (added) {
@@ -116,6 +165,7 @@ Matcher::State Matcher::advance(State s, uint8_t byte) {
     const int32_t p = node_pos_[size_t(st)];
     const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
     if (e.kind == kBytes && g_->sets[size_t(e.index)].has(byte)) closure(p + 1, node_parent_[size_t(st)], next);
+    if (next.size() > 4 * kMaxStacksPerState) check_state_size(dedup_size(next));
   }
   const State t = intern_state(next);
   trans_.emplace(key, t);
@@ -133,6 +183,7 @@ Matcher::State Matcher::advance_special(State s, int32_t id) {
     const int32_t p = node_pos_[size_t(st)];
     const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
     if (e.kind == kToken && e.index == id) closure(p + 1, node_parent_[size_t(st)], next);
+    if (next.size() > 4 * kMaxStacksPerState) check_state_size(dedup_size(next));
   }
   const State t = intern_state(next);
   trans_special_.emplace(key, t);

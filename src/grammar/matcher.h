@@ -14,6 +14,11 @@
 // state seen again (inside a JSON string, between array items) costs a copy. Stop ids are allowed
 // exactly where the grammar may end; other special tokens never are.
 //
+// An ambiguous grammar can keep exponentially many stacks alive ((x+)+, nested repetitions): a
+// state of more than kMaxStacksPerState stacks is a kd::Error naming the problem (a request fails
+// cleanly; the server keeps serving). A closure visits each (element, return stack) once, so
+// grammars whose empty paths reconverge ((""|"")(""|"")…) cost linear work, not 2^n.
+//
 // Not thread-safe: one Matcher per sequence (the grammar and trie it reads are shared, read-only).
 #pragma once
 #include <cstdint>
@@ -46,6 +51,8 @@ class Matcher {
  public:
   using State = int32_t;
   static constexpr State kDead = 0;  // no stack left: the bytes so far are not a prefix of the language
+  static constexpr size_t kMaxStacksPerState = 16384;
+  static constexpr size_t kMaxClosureItems = 16 * kMaxStacksPerState;  // (element, stack) pairs one closure visits
 
   Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids);
 
@@ -105,6 +112,12 @@ class Matcher {
   std::vector<uint32_t> mask_out_;
   std::vector<int32_t> walk_;                          // [max depth + 1] states along the trie path
   std::vector<std::pair<int32_t, int32_t>> work_;      // closure worklist
+  std::vector<uint64_t> seen_key_;                     // closure's visited (pos, stack) pairs: open addressing,
+  std::vector<uint32_t> seen_stamp_;                   // an entry counts when its stamp is seen_now_
+  uint32_t seen_now_ = 0;
+  size_t seen_count_ = 0;
+  bool first_visit(int32_t pos, int32_t parent);
+  void check_state_size(size_t n) const;
   Stats stats_;
   size_t max_stacks_ = 2'000'000, max_transitions_ = 4'000'000;
 };

@@ -2,7 +2,8 @@
 // build a grammar or throw kd::Error, never crash, hang or let a library exception escape; a grammar
 // that builds is then run: the rest of the input is fed to its matcher byte by byte over a small
 // vocabulary (the 256 bytes, a few multi-byte tokens, a stop id), with a mask at every step, and a
-// mask must agree with allowed() for every token.
+// mask must agree with allowed() for every token. A matcher may refuse a grammar too ambiguous to
+// match (kd::Error), never run exponentially long.
 // Input: byte 0 chooses the front end (mod 3: GBNF, JSON Schema, regex); then the source text up to
 // the first NUL; the bytes after it are the walk.
 #include <cstddef>
@@ -65,12 +66,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   g::Matcher& m = *mp;
   m.set_memo_limits(4096, 4096);
-  for (size_t i = 0; i < walk.size() && i < 64; ++i) {
-    const std::vector<uint32_t> mask = m.mask(m.state());
-    for (int32_t id = 0; id < vocab->vocab_size(); ++id)
-      if (bool((mask[size_t(id) >> 5] >> (id & 31)) & 1) != m.allowed(m.state(), id)) std::abort();
-    const int32_t tok = uint8_t(walk[i]) % vocab->vocab_size();
-    if (!m.commit(tok)) continue;
+  try {
+    for (size_t i = 0; i < walk.size() && i < 64; ++i) {
+      const std::vector<uint32_t> mask = m.mask(m.state());
+      for (int32_t id = 0; id < vocab->vocab_size(); ++id)
+        if (bool((mask[size_t(id) >> 5] >> (id & 31)) & 1) != m.allowed(m.state(), id)) std::abort();
+      const int32_t tok = uint8_t(walk[i]) % vocab->vocab_size();
+      if (!m.commit(tok)) continue;
+    }
+  } catch (const kd::Error&) {
+    return 0;  // too ambiguous to match (Matcher::kMaxStacksPerState): the request fails cleanly
   }
   return 0;
 }

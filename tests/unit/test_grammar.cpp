@@ -119,7 +119,7 @@ TEST(Grammar, GbnfErrorsNameTheProblem) {
   EXPECT_NE(msg("root ::= x").find("'x' is used but never defined"), std::string::npos);
   EXPECT_NE(msg("a ::= \"a\"").find("no 'root' rule"), std::string::npos);
   EXPECT_NE(msg("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
-  EXPECT_NE(msg("root ::= (\"a\"? )* \"b\"").find("left-recursive"), std::string::npos);
+  EXPECT_NE(msg("root ::= (\"a\"? \"c\"?)* \"b\"").find("left-recursive"), std::string::npos);
   EXPECT_NE(msg("root ::= \"a\"\n  \"b").find("line 2"), std::string::npos);
   EXPECT_NE(msg("root ::= <think>").find("need the model's special tokens"), std::string::npos);
   EXPECT_NE(msg("root ::= !<think>").find("negated"), std::string::npos);
@@ -278,6 +278,60 @@ TEST(Grammar, SpecialTokenReferences) {
   EXPECT_THROW(g::parse_gbnf("root ::= <|call|>"), kd::Error);  // no resolver: bytes only
   // A token id that is not special is refused when the matcher is made.
   EXPECT_THROW(g::Matcher(std::make_shared<const g::CompiledGrammar>(g::parse_gbnf("root ::= <[65]>")), vocab, {257}), kd::Error);
+}
+
+// The fuzzer's grammar timeouts (tests/fuzz/corpus/grammar/regress-stacked-*): stacked or nested
+// repetitions keep one matcher stack per way of splitting the text, 2^n of them. Stacked operators
+// fold to one repetition of the same language; what cannot fold (the ambiguity spread over rules) is
+// refused with a kd::Error once too many parses are alive, and reconverging empty paths are walked
+// once. Each case here ran for minutes (or never ended) before.
+TEST(Grammar, AmbiguousRepetitionsFoldOrAreRefusedNeverExponential) {
+  const std::string pluses(80, '+');
+  const std::string many_a(200, 'a');
+  // x++…+ is x+, (x?)? is x?, any other stacked pair is x*; a group of one element is that element.
+  const g::Grammar plus = g::parse_gbnf(kd::cat("root ::= \"a\"", pluses, " \"b\""));
+  EXPECT_TRUE(accepts(plus, kd::cat(many_a, "b")));
+  EXPECT_TRUE(accepts(plus, "ab"));
+  EXPECT_FALSE(accepts(plus, "b"));
+  std::string nested = "\"a\"";
+  for (int i = 0; i < 60; ++i) nested = kd::cat("(", nested, i % 3 == 0 ? ")*" : i % 3 == 1 ? ")+" : ")?");
+  const g::Grammar star = g::parse_gbnf(kd::cat("root ::= ", nested, " \"b\""));
+  EXPECT_TRUE(accepts(star, "b"));
+  EXPECT_TRUE(accepts(star, kd::cat(many_a, "b")));
+  const g::Grammar opt = g::parse_gbnf("root ::= \"a\"?????????????????????? \"b\"");
+  EXPECT_TRUE(accepts(opt, "ab"));
+  EXPECT_TRUE(accepts(opt, "b"));
+  EXPECT_FALSE(accepts(opt, "aab"));
+  EXPECT_TRUE(accepts(g::parse_gbnf("root ::= (\"a\"?)* \"b\""), "aab"));  // was refused as left-recursive
+  EXPECT_TRUE(accepts(g::regex_grammar("((((a*)*)+)?)*b"), kd::cat(many_a, "b")));
+  EXPECT_TRUE(accepts(g::regex_grammar("((((a*)*)+)?)*b"), "b"));
+  // The same ambiguity through named rules does not fold: the matcher refuses it, naming why.
+  std::string rules = "r0 ::= \"a\"+\n";
+  for (int i = 1; i <= 40; ++i) rules += kd::cat("r", i, " ::= r", i - 1, "+\n");
+  rules += "root ::= r40 \"b\"\n";
+  const Fixture fx;
+  g::Matcher m = fx.matcher(g::parse_gbnf(rules));
+  try {
+    for (int i = 0; i < 64; ++i) m.advance_bytes(m.state(), many_a.substr(0, size_t(i)));
+    ADD_FAILURE() << "40 stacked repetitions over named rules were matched, not refused";
+  } catch (const kd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
+  // Nested counted repetitions: folded or not, matched or refused, in bounded time.
+  std::string counted = "[0-9]";
+  for (int i = 0; i < 30; ++i) counted += "{1,3}";
+  try {
+    g::Matcher c = fx.matcher(g::parse_gbnf(kd::cat("root ::= ", counted)));
+    c.advance_bytes(c.state(), std::string(40, '7'));
+  } catch (const kd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
+  // 60 groups that each match "" two ways: one closure, 2^60 paths to the same stacks.
+  std::string empties;
+  for (int i = 0; i < 60; ++i) empties += "(\"\" | \"\") ";
+  const g::Grammar e2 = g::parse_gbnf(kd::cat("root ::= ", empties, "\"a\""));
+  EXPECT_TRUE(accepts(e2, "a"));
+  EXPECT_FALSE(accepts(e2, "aa"));
 }
 
 TEST(Grammar, PrefixRulesRenamesDefinitionsAndReferencesOnly) {
