@@ -49,6 +49,7 @@ Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const
   std::vector<int32_t> none;
   intern_state(none);  // kDead
   std::vector<int32_t> init;
+  begin_closures();
   for (int32_t a : g_->alt_starts[size_t(g_->root)]) closure(a, -1, init);
   cur_ = intern_state(init);
   walk_.resize(size_t(vocab_->max_depth()) + 1);
@@ -65,14 +66,20 @@ int32_t Matcher::intern_stack(int32_t pos, int32_t parent) {
 
 // Every stack reachable from "match elems[pos], then return to `parent`" whose top is a byte set
 // (or the empty stack −1: the grammar may end), appended to out.
-void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
-  work_.clear();
-  work_.push_back({pos, parent});
-  if (++seen_now_ == 0) {  // the stamps wrapped: clear them once in 2^32 closures
+// The closures of one step (one advance: every stack that took the byte) share one visited set: an
+// item reached from an earlier stack already put its stacks in `out`. Per closure, the pile-up
+// x* x* x* … x* (n copies alive) cost n² items a byte; shared, n.
+void Matcher::begin_closures() {
+  if (++seen_now_ == 0) {  // the stamps wrapped: clear them once in 2^32 steps
     std::fill(seen_stamp_.begin(), seen_stamp_.end(), 0u);
     seen_now_ = 1;
   }
   seen_count_ = 0;
+}
+
+void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
+  work_.clear();
+  work_.push_back({pos, parent});
   while (!work_.empty()) {
     auto [p, par] = work_.back();
     work_.pop_back();
@@ -128,6 +135,7 @@ bool Matcher::first_visit(int32_t pos, int32_t parent) {
     if (seen_stamp_[i] != seen_now_) {
       seen_key_[i] = k, seen_stamp_[i] = seen_now_;
       ++seen_count_;
+      ++stats_.closure_items;
       return true;
     }
     if (seen_key_[i] == k) return false;
@@ -159,6 +167,7 @@ Matcher::State Matcher::advance(State s, uint8_t byte) {
   const uint64_t key = (uint64_t(uint32_t(s)) << 8) | byte;
   if (auto it = trans_.find(key); it != trans_.end()) return it->second;
   std::vector<int32_t> next;
+  begin_closures();
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     const int32_t st = state_members_[size_t(k)];
     if (st < 0) continue;
@@ -177,6 +186,7 @@ Matcher::State Matcher::advance_special(State s, int32_t id) {
   const uint64_t key = pair_key(s, id);
   if (auto it = trans_special_.find(key); it != trans_special_.end()) return it->second;
   std::vector<int32_t> next;
+  begin_closures();
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     const int32_t st = state_members_[size_t(k)];
     if (st < 0) continue;
@@ -226,8 +236,13 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
   walk_[0] = s;
   const int32_t n = s == kDead ? 0 : v.n_nodes();
   int64_t visited = 0;
+  const int64_t work0 = stats_.closure_items;
   for (int32_t i = 0; i < n;) {
     ++visited;
+    if (stats_.closure_items - work0 > max_mask_work_)
+      fail("grammar: the allowed tokens after this text take more than ", max_mask_work_,
+           " parser steps to find — the grammar keeps too many parses alive across the vocabulary (stacked or nested "
+           "repetitions such as (x*)* or x*x*x*…); write it so that each text has one parse");
     const int32_t d = v.depth(i);
     if (v.plain_subtree(i) && loops_on_plain(walk_[size_t(d - 1)])) {
       // Inside a JSON string (or any state that ignores plain bytes): the subtree's tokens all

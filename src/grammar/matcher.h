@@ -16,8 +16,9 @@
 //
 // An ambiguous grammar can keep exponentially many stacks alive ((x+)+, nested repetitions): a
 // state of more than kMaxStacksPerState stacks is a kd::Error naming the problem (a request fails
-// cleanly; the server keeps serving). A closure visits each (element, return stack) once, so
-// grammars whose empty paths reconverge ((""|"")(""|"")…) cost linear work, not 2^n.
+// cleanly; the server keeps serving). The closures of one step visit each (element, return stack)
+// once, so grammars whose empty paths reconverge ((""|"")(""|"")…, x*x*x*…) cost linear work, not
+// 2^n or n². A mask that would visit more than kMaxMaskWork of them is a kd::Error too.
 //
 // Not thread-safe: one Matcher per sequence (the grammar and trie it reads are shared, read-only).
 #pragma once
@@ -52,7 +53,10 @@ class Matcher {
   using State = int32_t;
   static constexpr State kDead = 0;  // no stack left: the bytes so far are not a prefix of the language
   static constexpr size_t kMaxStacksPerState = 16384;
-  static constexpr size_t kMaxClosureItems = 16 * kMaxStacksPerState;  // (element, stack) pairs one closure visits
+  static constexpr size_t kMaxClosureItems = 16 * kMaxStacksPerState;  // (element, stack) pairs one step visits
+  // (element, stack) pairs one mask may visit, over every trie node it walks: a mask is computed on the
+  // serving thread, so its cost is bounded (≈ 0.1–0.3 s here) whatever the grammar; past it, a kd::Error.
+  static constexpr int64_t kMaxMaskWork = int64_t(1) << 24;
 
   Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids);
 
@@ -83,14 +87,18 @@ class Matcher {
   // Work done so far, for tests and the perf notes.
   struct Stats {
     int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0, resets = 0;
+    int64_t closure_items = 0;  // (element, stack) pairs visited by every step so far
   };
   const Stats& stats() const { return stats_; }
   // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.
   void set_memo_limits(size_t max_stacks, size_t max_transitions) { max_stacks_ = max_stacks, max_transitions_ = max_transitions; }
+  // kMaxMaskWork for this matcher (tests lower it).
+  void set_mask_work_limit(int64_t items) { max_mask_work_ = items; }
 
  private:
   int32_t intern_stack(int32_t pos, int32_t parent);
   State advance_special(State s, int32_t id);
+  void begin_closures();  // a new visited set for the closures of one step
   void closure(int32_t pos, int32_t parent, std::vector<int32_t>& out);
   State intern_state(std::vector<int32_t>& stacks);
   void reset_tables();  // drops the memo, keeping the current state's stacks
@@ -120,6 +128,7 @@ class Matcher {
   void check_state_size(size_t n) const;
   Stats stats_;
   size_t max_stacks_ = 2'000'000, max_transitions_ = 4'000'000;
+  int64_t max_mask_work_ = kMaxMaskWork;
 };
 
 // Everything a request needs to build its matcher: the compiled grammar and the vocabulary.

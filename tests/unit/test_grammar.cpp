@@ -334,6 +334,47 @@ TEST(Grammar, AmbiguousRepetitionsFoldOrAreRefusedNeverExponential) {
   EXPECT_FALSE(accepts(e2, "aa"));
 }
 
+// x* x* … x* (n copies): after k x's, every copy may be the one reading — n stacks alive, each of
+// whose closures walks the copies after it. Sharing one visited set per step makes a byte cost
+// O(n) items, not O(n²) (fuzz_grammar's slow units: \w*{214} in a regex, [ab]*…{624}).
+TEST(Grammar, APileUpOfNullableRepetitionsCostsLinearWorkAByte) {
+  const Fixture fx;
+  auto items_for = [&](int n) {
+    g::Matcher m = fx.matcher(g::regex_grammar(kd::cat("(a*){", n, "}b")));
+    const int64_t before = m.stats().closure_items;
+    const auto s = m.advance_bytes(m.state(), std::string(20, 'a') + "b");
+    EXPECT_TRUE(m.accepting(s)) << n;
+    return m.stats().closure_items - before;
+  };
+  const int64_t small = items_for(100), large = items_for(800);
+  // Linear: 8× the copies, ≈ 8× the items; quadratic would be 64×.
+  EXPECT_LT(large, 12 * small) << small << " items for 100 copies, " << large << " for 800";
+}
+
+// A mask's work is bounded whatever the grammar (it runs on the serving thread): past the limit, a
+// kd::Error naming the cause; under it, the same mask as without a limit.
+TEST(Grammar, AMaskPastItsWorkLimitIsAClearError) {
+  std::vector<std::string> extra;
+  for (int i = 0; i < 400; ++i) extra.push_back(std::string(size_t(2 + i % 7), char('a' + i % 3)));
+  const Fixture fx(extra);
+  const g::Grammar gr = g::regex_grammar("(a|b|c)*(a|b|c)*(a|b|c)*[abc]{3,9}d");
+  g::Matcher free_m = fx.matcher(gr);
+  const std::vector<uint32_t> want = free_m.mask(free_m.state());
+  const int64_t cost = free_m.stats().closure_items;
+  ASSERT_GT(cost, 100);
+  g::Matcher enough = fx.matcher(gr);
+  enough.set_mask_work_limit(cost);
+  EXPECT_EQ(enough.mask(enough.state()), want);
+  g::Matcher tight = fx.matcher(gr);
+  tight.set_mask_work_limit(cost / 4);
+  try {
+    tight.mask(tight.state());
+    ADD_FAILURE() << "a mask of " << cost << " items ran under a limit of " << cost / 4;
+  } catch (const kd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parser steps"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Grammar, PrefixRulesRenamesDefinitionsAndReferencesOnly) {
   EXPECT_EQ(g::prefix_rules("root ::= a \"a b\\\" a\" [a\\]] <a> b # a\na ::= \"x\" ws\nws ::= [ ]*\n", "p-"),
             "p-root ::= p-a \"a b\\\" a\" [a\\]] <a> b # a\np-a ::= \"x\" p-ws\np-ws ::= [ ]*\n");
