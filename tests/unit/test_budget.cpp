@@ -25,6 +25,7 @@
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "model/make_drafter.h"
+#include "test_util.h"
 #include <nlohmann/json.hpp>
 
 namespace kd {
@@ -643,10 +644,14 @@ TEST(AutoBudget, TrainedPairUnderH200CostsBeatsAR) {
                                                          {17, 0.3396}, {33, 0.4353}, {49, 0.5138}, {65, 0.6886}};
   const double draft_ms = 0.39;
   GenerateOptions g;
-  g.max_new_tokens = 256;
+  // Under ASan (test::kSanitized) one prompt of 32 tokens, output == AR only: the same code paths
+  // (the trained drafter, auto rounds, AR steps) — 4 × 256 tokens took 1,100 s of the sanitized
+  // ctest's 1,128 s; the release build (7 s) checks the speed-ups.
+  g.max_new_tokens = test::kSanitized ? 32 : 256;
   g.ignore_eos = true;
   double sum = 0;
-  for (int p = 0; p < 4; ++p) {
+  const int n_prompts = test::kSanitized ? 1 : 4;
+  for (int p = 0; p < n_prompts; ++p) {
     const std::vector<int32_t> prompt = prompts[size_t(p)]["ids"].get<std::vector<int32_t>>();
     const GenerateResult ar = generate_ar(m, prompt, g);
     SpecOptions so;
@@ -657,6 +662,7 @@ TEST(AutoBudget, TrainedPairUnderH200CostsBeatsAR) {
     DFlashAdapter d(pair + "/drafter", m, 512);
     const SpecResult s = generate_ddtree(m, d, prompt, g, so);
     ASSERT_EQ(s.gen.output_ids, ar.output_ids) << "prompt " << p;
+    if (test::kSanitized) continue;
     const double tokens = double(s.gen.output_ids.size() - 1);  // the prefill commits the first
     const double speedup = tokens / s.stats.predicted_ms * h200[0].second;
     // The fixed budget 16 under the same model: every round a draft and a verify of 17 rows.
@@ -676,7 +682,9 @@ TEST(AutoBudget, TrainedPairUnderH200CostsBeatsAR) {
   // calibration); which round a probe lands on moves single prompts by ±0.5 (a loop caught a probe
   // earlier or later), the mean much less. A fixed 2 % probe share gives 1.58 here, and the policy of
   // d31fbbc measured 1.34 on the H200.
-  EXPECT_GE(sum / 4, 1.6);
+  if (!test::kSanitized) {
+    EXPECT_GE(sum / 4, 1.6);
+  }
 }
 
 }  // namespace
