@@ -691,6 +691,7 @@ void Engine::Impl::step() {
     } catch (const std::exception& e) {
       s.ev.finish_reason = "error";
       s.ev.error = e.what();
+      s.ev.request_error = dynamic_cast<const grammar::LimitError*>(&e) != nullptr;
       continue;
     }
     s.batch_index = int64_t(batch.size());
@@ -735,6 +736,7 @@ void Engine::Impl::step() {
           } catch (const std::exception& ex) {
             q.ev.finish_reason = "error";
             q.ev.error = ex.what();
+            q.ev.request_error = dynamic_cast<const grammar::LimitError*>(&ex) != nullptr;
             q.post_failed = true;
           }
         }

@@ -84,6 +84,7 @@ struct EngineEvent {
   bool done = false;
   std::string finish_reason;           // when done: "stop" | "length" | "cancelled" | "error"
   std::string error;                   // when finish_reason == "error"
+  bool request_error = false;          // when "error": the request was at fault (its grammar past the matcher's limits: a 400)
   RequestStats stats;                  // complete when done
   std::vector<float> logits;           // [ids.size(), vocab] each token was drawn from, when gen.keep_logits
   bool grammar_incomplete = false;     // when done: constrained, and the output is not a complete sentence of the grammar

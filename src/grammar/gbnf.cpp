@@ -48,8 +48,9 @@ class Parser {
   size_t pos_ = 0;
   GrammarBuilder b_;
   // Rules made by x*, x+ or x? (body x): a second operator on one of them is folded into it — (x+)+
-  // is x+, (x?)? is x?, any other pair is x* — the same language, one parse per text. Stacked,
-  // they would nest one rule per operator and leave 2^n parses alive (each a matcher stack).
+  // is x+, (x?)? is x?, any other pair is x*, (x*){m,n} is x* — the same language, one parse per
+  // text. Stacked, they would nest one rule per operator and leave 2^n parses alive (each a matcher
+  // stack); counted, n copies of a nullable repetition leave n.
   struct Simple {
     Sequence body;
     int64_t lo, hi;
@@ -225,17 +226,18 @@ class Parser {
         return;
       }
       if (item.empty()) error(p, "nothing to repeat");
-      const bool simple = lo <= 1 && (hi < 0 || (lo == 0 && hi == 1));
       Sequence body = item;
-      if (simple && item.size() == 1 && item[0].kind == Element::rule) {
+      if (item.size() == 1 && item[0].kind == Element::rule) {
         if (auto it = simple_.find(item[0].index); it != simple_.end()) {
+          // (x{a,b}){lo,hi} with a ≤ 1 ≤ b (x*, x+, x?) is x{a·lo, b·hi}: the counts k·[a, b] for
+          // k in [lo, hi] leave no gap. (x*){624} is x*, not 624 copies each keeping a parse alive.
           const Simple& in = it->second;
-          const bool both_plus = lo == 1 && in.lo == 1, both_opt = hi == 1 && in.hi == 1;
           body = in.body;
-          lo = both_plus ? 1 : 0;
-          hi = both_opt ? 1 : -1;
+          lo *= in.lo;
+          hi = hi == 0 ? 0 : hi < 0 || in.hi < 0 ? -1 : hi * in.hi;  // {0}: the empty text, whatever x{a,b}
         }
       }
+      const bool simple = lo <= 1 && (hi < 0 || (lo == 0 && hi == 1));
       const int32_t r = b_.repeat(body, lo, hi, "rep");
       if (simple) simple_[r] = {std::move(body), lo, hi};
       item = {{Element::rule, r}};

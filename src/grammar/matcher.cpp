@@ -15,6 +15,11 @@ constexpr uint8_t kBytes = 0, kRule = 1, kEnd = 2, kToken = 3;
 // a grammar with many contexts cannot grow it without bound.
 constexpr size_t kMaxMasks = 256;
 
+// Why a grammar keeps many parses alive and what to do, for the two errors that refuse one.
+constexpr const char* kAmbiguityAdvice =
+    "stacked or nested repetitions such as (x+)+, (x*)* or x* x* … x* through named rules keep every way of splitting "
+    "the text); write it so that each text has one parse";
+
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
 // The distinct stacks in v (sorted and deduplicated in place; intern_state does the same).
@@ -136,17 +141,22 @@ bool Matcher::first_visit(int32_t pos, int32_t parent) {
       seen_key_[i] = k, seen_stamp_[i] = seen_now_;
       ++seen_count_;
       ++stats_.closure_items;
+      spend(1);
       return true;
     }
     if (seen_key_[i] == k) return false;
   }
 }
 
+void Matcher::out_of_work() const {
+  throw LimitError(cat("grammar: matching this grammar took more than its budget of parser steps (", burst_, ", plus ", per_token_,
+       " for each token; ", commits_, " tokens so far) — the grammar keeps too many parses alive (", kAmbiguityAdvice));
+}
+
 void Matcher::check_state_size(size_t n) const {
   if (n > kMaxStacksPerState)
-    fail("grammar: more than ", kMaxStacksPerState,
-         " parses of the text so far are alive at once — the grammar is too ambiguous to match (stacked or nested "
-         "repetitions such as (x+)+ or (x*)* keep every way of splitting the text); write it so that each text has one parse");
+    throw LimitError(cat("grammar: more than ", kMaxStacksPerState,
+                         " parses of the text so far are alive at once — the grammar is too ambiguous to match (", kAmbiguityAdvice));
 }
 
 Matcher::State Matcher::intern_state(std::vector<int32_t>& stacks) {
@@ -167,6 +177,7 @@ Matcher::State Matcher::advance(State s, uint8_t byte) {
   const uint64_t key = (uint64_t(uint32_t(s)) << 8) | byte;
   if (auto it = trans_.find(key); it != trans_.end()) return it->second;
   std::vector<int32_t> next;
+  spend(int64_t(state_begin_[size_t(s) + 1] - state_begin_[size_t(s)]));
   begin_closures();
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     const int32_t st = state_members_[size_t(k)];
@@ -186,6 +197,7 @@ Matcher::State Matcher::advance_special(State s, int32_t id) {
   const uint64_t key = pair_key(s, id);
   if (auto it = trans_special_.find(key); it != trans_special_.end()) return it->second;
   std::vector<int32_t> next;
+  spend(int64_t(state_begin_[size_t(s) + 1] - state_begin_[size_t(s)]));
   begin_closures();
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     const int32_t st = state_members_[size_t(k)];
@@ -236,13 +248,8 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
   walk_[0] = s;
   const int32_t n = s == kDead ? 0 : v.n_nodes();
   int64_t visited = 0;
-  const int64_t work0 = stats_.closure_items;
   for (int32_t i = 0; i < n;) {
     ++visited;
-    if (stats_.closure_items - work0 > max_mask_work_)
-      fail("grammar: the allowed tokens after this text take more than ", max_mask_work_,
-           " parser steps to find — the grammar keeps too many parses alive across the vocabulary (stacked or nested "
-           "repetitions such as (x*)* or x*x*x*…); write it so that each text has one parse");
     const int32_t d = v.depth(i);
     if (v.plain_subtree(i) && loops_on_plain(walk_[size_t(d - 1)])) {
       // Inside a JSON string (or any state that ignores plain bytes): the subtree's tokens all
@@ -314,6 +321,8 @@ bool Matcher::commit(int32_t id) {
   const State t = after(cur_, id);
   if (t == kDead) return false;
   cur_ = t;
+  ++commits_;
+  budget_ = std::min(burst_, budget_ + per_token_);
   if (node_pos_.size() > max_stacks_ || trans_.size() > max_transitions_) reset_tables();
   return true;
 }
@@ -330,6 +339,7 @@ void Matcher::reset_tables() {
     }
     std::vector<int32_t> list;
     for (; st >= 0; st = node_parent_[size_t(st)]) list.push_back(node_pos_[size_t(st)]);
+    spend(int64_t(list.size()));
     stacks.push_back(std::move(list));
   }
   node_pos_.clear();

@@ -18,7 +18,9 @@
 // state of more than kMaxStacksPerState stacks is a kd::Error naming the problem (a request fails
 // cleanly; the server keeps serving). The closures of one step visit each (element, return stack)
 // once, so grammars whose empty paths reconverge ((""|"")(""|"")…, x*x*x*…) cost linear work, not
-// 2^n or n². A mask that would visit more than kMaxMaskWork of them is a kd::Error too.
+// 2^n or n². And every parser step is paid from a work budget (kWorkBurst, refilled by
+// kWorkPerToken at each committed token): whatever the grammar, a request's matching costs at most
+// a fixed number of steps a token on the serving thread, else a kd::Error.
 //
 // Not thread-safe: one Matcher per sequence (the grammar and trie it reads are shared, read-only).
 #pragma once
@@ -29,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
 #include "grammar/grammar.h"
 #include "grammar/vocab_trie.h"
 
@@ -48,15 +51,28 @@ struct CompiledGrammar {
   int32_t root = 0;
 };
 
+// A grammar that is valid but past what the matcher will do for it (more parses alive at once than
+// kMaxStacksPerState, or its work budget spent): the request's fault, not the server's — a 400.
+struct LimitError : kd::Error {
+  using kd::Error::Error;
+};
+
 class Matcher {
  public:
   using State = int32_t;
   static constexpr State kDead = 0;  // no stack left: the bytes so far are not a prefix of the language
   static constexpr size_t kMaxStacksPerState = 16384;
   static constexpr size_t kMaxClosureItems = 16 * kMaxStacksPerState;  // (element, stack) pairs one step visits
-  // (element, stack) pairs one mask may visit, over every trie node it walks: a mask is computed on the
-  // serving thread, so its cost is bounded (≈ 0.1–0.3 s here) whatever the grammar; past it, a kd::Error.
-  static constexpr int64_t kMaxMaskWork = int64_t(1) << 24;
+  // The work budget, in parser steps: an (element, stack) pair a closure visits, a stack an advance
+  // scans, a stack a memo reset rebuilds. A matcher starts with kWorkBurst and gains kWorkPerToken at
+  // each committed token, up to kWorkBurst; a step past an empty budget is a kd::Error. Masks run on
+  // the serving thread (every sequence of the batch waits for them), so this bounds what one hostile
+  // grammar costs the others: ≈ 0.24 s at first, then ≈ 3.7 ms a token, at the ≈ 57 ns a step measured
+  // on a 163,840-token vocabulary (docs/perf.md). GrammarPerf's two schemas pay 15,324 and 49,766 steps
+  // over their 27 and 58 tokens (568 and 858 a token), so real grammars stay far under it. What a mask
+  // costs besides its steps (one visit of each trie node it reaches) is bounded by the vocabulary.
+  static constexpr int64_t kWorkBurst = int64_t(1) << 22;
+  static constexpr int64_t kWorkPerToken = int64_t(1) << 16;
 
   Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids);
 
@@ -88,12 +104,13 @@ class Matcher {
   struct Stats {
     int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0, resets = 0;
     int64_t closure_items = 0;  // (element, stack) pairs visited by every step so far
+    int64_t work = 0;           // parser steps paid from the work budget so far (closure items included)
   };
   const Stats& stats() const { return stats_; }
   // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.
   void set_memo_limits(size_t max_stacks, size_t max_transitions) { max_stacks_ = max_stacks, max_transitions_ = max_transitions; }
-  // kMaxMaskWork for this matcher (tests lower it).
-  void set_mask_work_limit(int64_t items) { max_mask_work_ = items; }
+  // kWorkBurst and kWorkPerToken for this matcher (tests lower them); the budget restarts full.
+  void set_work_limits(int64_t burst, int64_t per_token) { burst_ = budget_ = burst, per_token_ = per_token; }
 
  private:
   int32_t intern_stack(int32_t pos, int32_t parent);
@@ -126,9 +143,15 @@ class Matcher {
   size_t seen_count_ = 0;
   bool first_visit(int32_t pos, int32_t parent);
   void check_state_size(size_t n) const;
+  void spend(int64_t steps) {
+    stats_.work += steps;
+    if ((budget_ -= steps) < 0) out_of_work();
+  }
+  [[noreturn]] void out_of_work() const;
   Stats stats_;
   size_t max_stacks_ = 2'000'000, max_transitions_ = 4'000'000;
-  int64_t max_mask_work_ = kMaxMaskWork;
+  int64_t burst_ = kWorkBurst, per_token_ = kWorkPerToken, budget_ = kWorkBurst;
+  int64_t commits_ = 0;
 };
 
 // Everything a request needs to build its matcher: the compiled grammar and the vocabulary.

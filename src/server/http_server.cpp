@@ -294,7 +294,9 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
         }
         if (!ev.done) continue;
         if (ev.finish_reason == "error") {
-          emit(error_json(500, "server_error", ev.error));
+          // A grammar past the matcher's limits is the request's fault: 400, as any refused grammar.
+          if (ev.request_error) emit(error_json(400, "invalid_request_error", ev.error));
+          else emit(error_json(500, "server_error", ev.error));
           return false;
         }
         if (ev.finish_reason == "cancelled" && !builder->stop_matched()) {

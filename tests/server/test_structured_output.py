@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -182,6 +183,38 @@ def test_gbnf_grammar_on_completions(client):
         c = r.choices[0]
         assert c.finish_reason == "stop", c
         assert re.fullmatch(r"(yes|no), [0-9]{1,3}!", c.text), c.text
+
+
+def test_a_grammar_past_the_work_budget_is_400_and_others_are_served(client, server):
+    """A valid grammar that keeps thousands of parses alive (3000 copies of an ambiguous, nullable x
+    before a counted run) spends the matcher's work budget within a few tokens (issue 21): the request
+    gets a 400 naming the cause, quickly, while a good constrained request beside it is answered."""
+    hostile = "root ::= " + "x " * 3000 + '[a-d]{200} "e"\nx ::= [a-d]? [a-d]? | [a-c] [a-d] [a-d]?\n'
+    good = 'root ::= ("yes" | "no") ", " digits "!"\ndigits ::= [0-9]{1,3}\n'
+
+    def bad():
+        t0 = time.monotonic()
+        status, _, r = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 64, "temperature": 0,
+                                                       "grammar": hostile})
+        return status, r, time.monotonic() - t0
+
+    def fine(seed):
+        r = client.completions.create(model="tiny", prompt="Is it?", seed=seed, temperature=1.0, max_tokens=32,
+                                      extra_body={"grammar": good})
+        return r.choices[0]
+
+    with ThreadPoolExecutor(4) as ex:
+        hostile_f = ex.submit(bad)
+        goods = [ex.submit(fine, seed) for seed in range(3)]
+        status, r, secs = hostile_f.result()
+        answers = [f.result() for f in goods]
+    assert status == 400 and r["error"]["type"] == "invalid_request_error", r
+    assert "budget of parser steps" in r["error"]["message"] and "one parse" in r["error"]["message"], r
+    assert secs < 30, f"the hostile grammar held its request {secs:.1f} s"
+    for c in answers:
+        assert c.finish_reason == "stop" and re.fullmatch(r"(yes|no), [0-9]{1,3}!", c.text), c
+    status, _, _ = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 4, "grammar": good})
+    assert status == 200
 
 
 def test_unsupported_schema_is_400_naming_the_path(client, server):

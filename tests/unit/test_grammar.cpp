@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regex.h"
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
@@ -314,7 +315,7 @@ TEST(Grammar, AmbiguousRepetitionsFoldOrAreRefusedNeverExponential) {
   try {
     for (int i = 0; i < 64; ++i) m.advance_bytes(m.state(), many_a.substr(0, size_t(i)));
     ADD_FAILURE() << "40 stacked repetitions over named rules were matched, not refused";
-  } catch (const kd::Error& e) {
+  } catch (const g::LimitError& e) {  // the request's fault: the server answers 400
     EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
   }
   // Nested counted repetitions: folded or not, matched or refused, in bounded time.
@@ -323,7 +324,7 @@ TEST(Grammar, AmbiguousRepetitionsFoldOrAreRefusedNeverExponential) {
   try {
     g::Matcher c = fx.matcher(g::parse_gbnf(kd::cat("root ::= ", counted)));
     c.advance_bytes(c.state(), std::string(40, '7'));
-  } catch (const kd::Error& e) {
+  } catch (const g::LimitError& e) {
     EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
   }
   // 60 groups that each match "" two ways: one closure, 2^60 paths to the same stacks.
@@ -334,13 +335,16 @@ TEST(Grammar, AmbiguousRepetitionsFoldOrAreRefusedNeverExponential) {
   EXPECT_FALSE(accepts(e2, "aa"));
 }
 
-// x* x* … x* (n copies): after k x's, every copy may be the one reading — n stacks alive, each of
-// whose closures walks the copies after it. Sharing one visited set per step makes a byte cost
-// O(n) items, not O(n²) (fuzz_grammar's slow units: \w*{214} in a regex, [ab]*…{624}).
+// x x … x "b" with x ::= "a"* (n copies; named rules do not fold): after k a's, every copy may be
+// the one reading — n stacks alive, each of whose closures walks the copies after it. One visited
+// set per step makes a byte cost O(n) items, not O(n²) (fuzz_grammar's slow unit [a-z]+.H*{624},
+// before counted repetitions of x* folded too).
 TEST(Grammar, APileUpOfNullableRepetitionsCostsLinearWorkAByte) {
   const Fixture fx;
   auto items_for = [&](int n) {
-    g::Matcher m = fx.matcher(g::regex_grammar(kd::cat("(a*){", n, "}b")));
+    std::string src = "root ::= ";
+    for (int i = 0; i < n; ++i) src += "x ";
+    g::Matcher m = fx.matcher(g::parse_gbnf(src + "\"b\"\nx ::= \"a\"*\n"));
     const int64_t before = m.stats().closure_items;
     const auto s = m.advance_bytes(m.state(), std::string(20, 'a') + "b");
     EXPECT_TRUE(m.accepting(s)) << n;
@@ -351,27 +355,102 @@ TEST(Grammar, APileUpOfNullableRepetitionsCostsLinearWorkAByte) {
   EXPECT_LT(large, 12 * small) << small << " items for 100 copies, " << large << " for 800";
 }
 
-// A mask's work is bounded whatever the grammar (it runs on the serving thread): past the limit, a
-// kd::Error naming the cause; under it, the same mask as without a limit.
-TEST(Grammar, AMaskPastItsWorkLimitIsAClearError) {
+// A counted repetition of x*, x+ or x? is one repetition of x ((x*){624} is x*, (x?){3} is x{0,3}):
+// the language is PCRE2's for the same pattern (an independent matcher), and the grammar stays small.
+TEST(Grammar, CountedRepetitionsOfARepetitionFoldAndMatchAsPcre2Does) {
+  for (const char* pat : {"(a*){3}b", "(a?){3}b", "(a+){2,3}b", "(a+){0,2}b", "(a*){0}b", "(a?){2,}b", "((a?){2}){3}b",
+                          "((a+){2})?b", "(a?)+b", "(a+)?b", "(a*){1,4}b"}) {
+    const g::Grammar gr = g::regex_grammar(pat);
+    const kd::Regex ref(kd::cat("(?:", pat, ")\\z"));
+    for (int k = 0; k <= 9; ++k) {
+      const std::string text = std::string(size_t(k), 'a') + "b";
+      EXPECT_EQ(accepts(gr, text), ref.match_prefix(text)) << pat << " on " << text;
+    }
+  }
+  const g::Grammar pile = g::regex_grammar("(H*){624}");
+  size_t elems = 0;
+  for (const auto& rule : pile.rules)
+    for (const g::Sequence& alt : rule) elems += alt.size();
+  EXPECT_LT(elems, 50u) << "(H*){624} was written out, not folded into H*";
+}
+
+// Matching is bounded whatever the grammar (masks run on the serving thread): every parser step is
+// paid from a budget; past it, a kd::Error naming the cause; within it, the same mask as without one.
+TEST(Grammar, AMaskPastTheWorkBudgetIsAClearError) {
   std::vector<std::string> extra;
   for (int i = 0; i < 400; ++i) extra.push_back(std::string(size_t(2 + i % 7), char('a' + i % 3)));
   const Fixture fx(extra);
   const g::Grammar gr = g::regex_grammar("(a|b|c)*(a|b|c)*(a|b|c)*[abc]{3,9}d");
   g::Matcher free_m = fx.matcher(gr);
+  const int64_t before = free_m.stats().work;
   const std::vector<uint32_t> want = free_m.mask(free_m.state());
-  const int64_t cost = free_m.stats().closure_items;
+  const int64_t cost = free_m.stats().work - before;
   ASSERT_GT(cost, 100);
+  EXPECT_GE(cost, free_m.stats().closure_items - before) << "closure items are paid for";
   g::Matcher enough = fx.matcher(gr);
-  enough.set_mask_work_limit(cost);
+  enough.set_work_limits(cost, 0);
   EXPECT_EQ(enough.mask(enough.state()), want);
   g::Matcher tight = fx.matcher(gr);
-  tight.set_mask_work_limit(cost / 4);
+  tight.set_work_limits(cost / 4, 0);
   try {
     tight.mask(tight.state());
-    ADD_FAILURE() << "a mask of " << cost << " items ran under a limit of " << cost / 4;
-  } catch (const kd::Error& e) {
+    ADD_FAILURE() << "a mask of " << cost << " steps ran on a budget of " << cost / 4;
+  } catch (const g::LimitError& e) {
     EXPECT_NE(std::string(e.what()).find("parser steps"), std::string::npos) << e.what();
+  }
+}
+
+// The budget refills by the per-token allowance at each commit: an allowance of the dearest step
+// runs a walk to its end; a smaller one fails it at the step where a token bucket fed the walk's
+// measured costs runs dry — a hostile grammar costs the serving thread a bounded amount a token.
+TEST(Grammar, TheWorkBudgetRefillsAtEachCommittedToken) {
+  std::vector<std::string> extra;
+  for (int i = 0; i < 200; ++i) extra.push_back(std::string(size_t(1 + i % 5), char('a' + i % 3)));
+  const Fixture fx(extra);
+  // Counting (each step a new state) through an ambiguous prefix: every mask is a fresh walk.
+  const g::Grammar gr = g::regex_grammar("(a|b|c)*(a|b|c)*(a|b|c)*[abc]{40}d");
+  const int steps = 30;
+  std::vector<int64_t> cost;  // the work of each step's mask + commit, without a budget
+  {
+    g::Matcher m = fx.matcher(gr);
+    for (int i = 0; i < steps; ++i) {
+      const int64_t w0 = m.stats().work;
+      m.mask(m.state());
+      ASSERT_TRUE(m.commit(int32_t('a' + i % 3))) << "step " << i;
+      cost.push_back(m.stats().work - w0);
+    }
+  }
+  const int64_t most = *std::max_element(cost.begin(), cost.end()), least = *std::min_element(cost.begin() + 1, cost.end());
+  ASSERT_GT(least, 50) << "each step must cost something for the test to mean anything";
+  {  // an allowance of the dearest step: the walk runs to the end on a burst of one step
+    g::Matcher m = fx.matcher(gr);
+    m.set_work_limits(most, most);
+    for (int i = 0; i < steps; ++i) {
+      m.mask(m.state());
+      ASSERT_TRUE(m.commit(int32_t('a' + i % 3))) << "step " << i;
+    }
+  }
+  {  // half the cheapest step: fails at the step where the bucket, run on the measured costs, empties
+    const int64_t burst = most, per = least / 2;
+    int want = -1;
+    for (int64_t i = 0, left = burst; i < steps && want < 0; ++i) {
+      if ((left -= cost[size_t(i)]) < 0) want = int(i);
+      left = std::min(burst, left + per);
+    }
+    ASSERT_GT(want, 0) << "the walk must outrun the budget after its first step";
+    g::Matcher m = fx.matcher(gr);
+    m.set_work_limits(burst, per);
+    int failed_at = -1;
+    for (int i = 0; i < steps && failed_at < 0; ++i) {
+      try {
+        m.mask(m.state());
+        m.commit(int32_t('a' + i % 3));
+      } catch (const g::LimitError& e) {
+        EXPECT_NE(std::string(e.what()).find("parser steps"), std::string::npos) << e.what();
+        failed_at = i;
+      }
+    }
+    EXPECT_EQ(failed_at, want);
   }
 }
 

@@ -108,9 +108,11 @@ TEST(GrammarPerf, MaskCostPerStepOnALargeVocabulary) {
     double sum = 0;
     for (double x : cold) sum += x;
     const auto& s = m.stats();
-    printf("%zu steps: %zu trie walks (mean %.3f ms, median %.3f, max %.3f), %zu cached; %lld trie nodes visited, %lld states, %lld stacks\n",
+    printf("%zu steps: %zu trie walks (mean %.3f ms, median %.3f, max %.3f), %zu cached; %lld trie nodes visited, %lld states, %lld stacks, "
+           "%lld closure items, %lld parser steps paid (Matcher::kWorkPerToken %lld a token)\n",
            ids.size(), cold.size(), cold.empty() ? 0 : sum / double(cold.size()), cold.empty() ? 0 : cold[cold.size() / 2],
-           cold.empty() ? 0 : cold.back(), warm.size(), (long long)s.trie_nodes_visited, (long long)s.states, (long long)s.stacks);
+           cold.empty() ? 0 : cold.back(), warm.size(), (long long)s.trie_nodes_visited, (long long)s.states, (long long)s.stacks,
+           (long long)s.closure_items, (long long)s.work, (long long)g::Matcher::kWorkPerToken);
   }
 }
 
