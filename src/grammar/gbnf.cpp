@@ -233,6 +233,11 @@ class Parser {
           // k in [lo, hi] leave no gap. (x*){624} is x*, not 624 copies each keeping a parse alive.
           const Simple& in = it->second;
           body = in.body;
+          if (body.size() > 1) {  // written lo times by repeat(): one rule, not lo copies of the run
+            const int32_t group = b_.fresh("group");
+            b_.add_alternative(group, std::move(body));
+            body = {{Element::rule, group}};
+          }
           lo *= in.lo;
           hi = hi == 0 ? 0 : hi < 0 || in.hi < 0 ? -1 : hi * in.hi;  // {0}: the empty text, whatever x{a,b}
         }

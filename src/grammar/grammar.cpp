@@ -1,7 +1,6 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
-#include <functional>
 #include <map>
 
 #include "core/error.h"
@@ -77,18 +76,19 @@ std::vector<std::vector<std::pair<uint8_t, uint8_t>>> utf8_ranges(uint32_t lo, u
 }
 
 int32_t GrammarBuilder::rule(std::string_view name) {
-  for (size_t i = 0; i < g_.names.size(); ++i)
-    if (g_.names[i] == name) return int32_t(i);
-  g_.names.emplace_back(name);
-  g_.rules.emplace_back();
-  defined_.push_back(false);
-  return int32_t(g_.names.size() - 1);
+  auto [it, added] = rule_index_.try_emplace(std::string(name), int32_t(g_.names.size()));
+  if (added) {
+    g_.names.emplace_back(name);
+    g_.rules.emplace_back();
+    defined_.push_back(false);
+  }
+  return it->second;
 }
 
 int32_t GrammarBuilder::fresh(std::string_view base) {
   for (;;) {
     const std::string n = cat(base, "-", ++n_fresh_);
-    if (std::find(g_.names.begin(), g_.names.end(), n) == g_.names.end()) return rule(n);
+    if (!rule_index_.count(n)) return rule(n);
   }
 }
 
@@ -101,10 +101,10 @@ void GrammarBuilder::add_alternative(int32_t r, Sequence seq) {
 }
 
 Element GrammarBuilder::byte_set(const ByteSet& s) {
-  for (size_t i = 0; i < g_.sets.size(); ++i)
-    if (g_.sets[i] == s) return {Element::bytes, int32_t(i)};
-  g_.sets.push_back(s);
-  return {Element::bytes, int32_t(g_.sets.size() - 1)};
+  std::string key(reinterpret_cast<const char*>(s.bits.data()), sizeof(s.bits));
+  auto [it, added] = set_index_.try_emplace(std::move(key), int32_t(g_.sets.size()));
+  if (added) g_.sets.push_back(s);
+  return {Element::bytes, it->second};
 }
 
 void GrammarBuilder::literal(Sequence& seq, std::string_view bytes) {
@@ -201,26 +201,38 @@ Grammar GrammarBuilder::finish(std::string_view root_name) {
   const size_t n = g_.rules.size();
   for (size_t r = 0; r < n; ++r)
     if (!defined_[r]) fail("grammar: rule '", g_.names[r], "' is used but never defined");
-  auto it = std::find(g_.names.begin(), g_.names.end(), root_name);
-  if (it == g_.names.end()) fail("grammar: no '", root_name, "' rule");
-  g_.root = int32_t(it - g_.names.begin());
-  // Nullable rules (fixpoint), then the "starts with" graph through nullable prefixes: a cycle in
-  // it is left recursion, which a top-down matcher cannot run (llama.cpp refuses it too).
+  auto it = rule_index_.find(std::string(root_name));
+  if (it == rule_index_.end()) fail("grammar: no '", root_name, "' rule");
+  g_.root = it->second;
+  // Nullable rules, then the "starts with" graph through nullable prefixes: a cycle in it is left
+  // recursion, which a top-down matcher cannot run (llama.cpp refuses it too). Both in linear time
+  // and without recursion (a chain of 10^5 rules neither takes a pass per link nor the stack).
+  // An alternative of rule elements only is nullable once each of them is: count the ones not yet
+  // known, and mark its rule when the count reaches 0 (a worklist of rules found nullable).
   std::vector<bool> nullable(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r) {
-      if (nullable[r]) continue;
-      for (const Sequence& s : g_.rules[r]) {
-        const bool all = std::all_of(s.begin(), s.end(), [&](const Element& e) {
-          return e.kind == Element::rule && nullable[size_t(e.index)];
-        });
-        if (all) {
-          nullable[r] = changed = true;
-          break;
-        }
+  std::vector<int32_t> alt_rule, left;           // [alternatives of rule elements only]
+  std::vector<std::vector<int32_t>> occurs(n);   // [rule] → those alternatives, once per occurrence
+  std::vector<int32_t> found;
+  auto mark = [&](int32_t r) {
+    if (!nullable[size_t(r)]) nullable[size_t(r)] = true, found.push_back(r);
+  };
+  for (size_t r = 0; r < n; ++r)
+    for (const Sequence& s : g_.rules[r]) {
+      if (!std::all_of(s.begin(), s.end(), [](const Element& e) { return e.kind == Element::rule; })) continue;
+      if (s.empty()) {
+        mark(int32_t(r));
+        continue;
       }
+      const int32_t a = int32_t(alt_rule.size());
+      alt_rule.push_back(int32_t(r));
+      left.push_back(int32_t(s.size()));
+      for (const Element& e : s) occurs[size_t(e.index)].push_back(a);
     }
+  while (!found.empty()) {
+    const int32_t r = found.back();
+    found.pop_back();
+    for (int32_t a : occurs[size_t(r)])
+      if (--left[size_t(a)] == 0) mark(alt_rule[size_t(a)]);
   }
   std::vector<std::vector<int32_t>> starts(n);
   for (size_t r = 0; r < n; ++r)
@@ -231,24 +243,33 @@ Grammar GrammarBuilder::finish(std::string_view root_name) {
         if (!nullable[size_t(e.index)]) break;
       }
   std::vector<int> color(n, 0);  // 0 new, 1 on the DFS path, 2 done
-  std::vector<int32_t> path;
-  std::function<void(int32_t)> dfs = [&](int32_t r) {
-    color[size_t(r)] = 1;
-    path.push_back(r);
-    for (int32_t t : starts[size_t(r)]) {
+  std::vector<std::pair<int32_t, size_t>> path;  // the DFS path: (rule, next edge to follow)
+  for (size_t root = 0; root < n; ++root) {
+    if (color[root] != 0) continue;
+    color[root] = 1;
+    path.push_back({int32_t(root), 0});
+    while (!path.empty()) {
+      auto& [r, next] = path.back();
+      if (next == starts[size_t(r)].size()) {
+        color[size_t(r)] = 2;
+        path.pop_back();
+        continue;
+      }
+      const int32_t t = starts[size_t(r)][next++];
       if (color[size_t(t)] == 1) {
         std::string cyc;
-        for (auto p = std::find(path.begin(), path.end(), t); p != path.end(); ++p) cyc += g_.names[size_t(*p)] + " → ";
+        size_t k = 0;
+        while (path[k].first != t) ++k;
+        for (; k < path.size(); ++k) cyc += g_.names[size_t(path[k].first)] + " → ";
         fail("grammar: rule '", g_.names[size_t(t)], "' is left-recursive (", cyc, g_.names[size_t(t)],
              "); rewrite it with repetition, e.g. x ::= y (\",\" y)*");
       }
-      if (color[size_t(t)] == 0) dfs(t);
+      if (color[size_t(t)] == 0) {
+        color[size_t(t)] = 1;
+        path.push_back({t, 0});  // (invalidates r and next: not used past here)
+      }
     }
-    path.pop_back();
-    color[size_t(r)] = 2;
-  };
-  for (size_t r = 0; r < n; ++r)
-    if (color[r] == 0) dfs(int32_t(r));
+  }
   return std::move(g_);
 }
 

@@ -102,17 +102,28 @@ unsigned value_bit(const json& v) {
   return v.is_null() ? kNull : v.is_boolean() ? kBool : v.is_object() ? kObject : v.is_array() ? kArray : v.is_string() ? kString : kNumber;
 }
 
-// A test that `bytes` is in a grammar's language (enum values checked against their sibling keywords).
-bool grammar_accepts(const Grammar& g, const std::string& bytes) {
-  static const std::shared_ptr<const VocabTrie> bytes_vocab = [] {
-    std::vector<std::string> v;
-    for (int b = 0; b < 256; ++b) v.push_back(std::string(1, char(b)));
-    return std::make_shared<const VocabTrie>(v, std::vector<bool>(256, false));
-  }();
-  Matcher m(std::make_shared<const CompiledGrammar>(g), bytes_vocab, {});
-  const Matcher::State st = m.advance_bytes(m.state(), bytes);
-  return st != Matcher::kDead && m.accepting(st);
-}
+// Tests texts against one grammar (enum values against their sibling keywords): one matcher for all
+// of them, so they share its memo and its work budget — N values cost one grammar, not N matchers
+// (each with a fresh budget) — and a grammar past the matcher's limits is a LimitError (a 400).
+class GrammarTest {
+ public:
+  explicit GrammarTest(const Grammar& g) : m_(std::make_shared<const CompiledGrammar>(g), bytes_vocab(), {}) {}
+  bool accepts(const std::string& bytes) {
+    const Matcher::State st = m_.advance_bytes(m_.state(), bytes);
+    return st != Matcher::kDead && m_.accepting(st);
+  }
+
+ private:
+  static std::shared_ptr<const VocabTrie> bytes_vocab() {
+    static const std::shared_ptr<const VocabTrie> v = [] {
+      std::vector<std::string> b;
+      for (int i = 0; i < 256; ++i) b.push_back(std::string(1, char(i)));
+      return std::make_shared<const VocabTrie>(b, std::vector<bool>(256, false));
+    }();
+    return v;
+  }
+  Matcher m_;
+};
 
 const std::set<std::string>& annotations() {
   static const std::set<std::string> a = {"title", "description", "default", "examples", "$schema", "$id",
@@ -397,16 +408,16 @@ class Converter {
     rest.erase("const");
     bool constrained = false;
     for (auto it = rest.begin(); it != rest.end(); ++it) constrained = constrained || !(annotations().count(it.key()) || it.key().rfind("x-", 0) == 0);
-    std::optional<Grammar> check;
+    std::optional<GrammarTest> check;
     if (constrained) {
       Converter c(root_, o_);
       const std::string top = c.visit(rest, path, depth + 1);
-      check = parse_gbnf("root ::= " + top + "\n" + c.emit_rules());
+      check.emplace(parse_gbnf("root ::= " + top + "\n" + c.emit_rules()));
     }
     std::string alts;
     for (const json& v : values) {
       const std::string text = serialize(v, o_);
-      if (check && !grammar_accepts(*check, text)) continue;
+      if (check && !check->accepts(text)) continue;
       alts += (alts.empty() ? "" : " | ") + gbnf_literal(text);
     }
     if (alts.empty()) unsupported(path + "." + key, "no value satisfies the schema's other keywords");

@@ -22,6 +22,17 @@ constexpr const char* kAmbiguityAdvice =
 
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
+// The visited set's slot hash: every bit of the key reaches the low bits (a multiply alone left the
+// position, in the high half, out of them: the items of one return stack — a chain of 150,000 tail
+// calls — fell into a few slots, and the probe went quadratic).
+uint64_t mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xFF51AFD7ED558CCDull;
+  k ^= k >> 33;
+  k *= 0xC4CEB9FE1A85EC53ull;
+  return k ^ (k >> 33);
+}
+
 // The distinct stacks in v (sorted and deduplicated in place; intern_state does the same).
 size_t dedup_size(std::vector<int32_t>& v) {
   std::sort(v.begin(), v.end());
@@ -88,6 +99,7 @@ void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
   while (!work_.empty()) {
     auto [p, par] = work_.back();
     work_.pop_back();
+    ++stats_.closure_pops;
     for (;;) {
       if (!first_visit(p, par)) break;  // reached before by another path: its stacks are in out
       const CompiledGrammar::Elem& e = g_->elems[size_t(p)];
@@ -112,7 +124,13 @@ void Matcher::closure(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
       // A call: return to p + 1 unless that ends the alternative (a tail call pushes nothing).
       const int32_t ret = p + 1;
       const int32_t np = g_->elems[size_t(ret)].kind == kEnd ? par : intern_stack(ret, par);
-      for (int32_t a : g_->alt_starts[size_t(e.index)]) work_.push_back({a, np});
+      // Tail calls from many sites share np: expand the rule once per (rule, return stack) — the
+      // key's position −2 − rule is no element's — and pay for the alternatives it pushes, so
+      // M call sites of an N-alternative rule cost M + N steps, not M · N unpaid ones.
+      if (!first_visit(-2 - e.index, np)) break;
+      const std::vector<int32_t>& alts = g_->alt_starts[size_t(e.index)];
+      spend(int64_t(alts.size()));
+      for (int32_t a : alts) work_.push_back({a, np});
       break;
     }
   }
@@ -128,15 +146,18 @@ bool Matcher::first_visit(int32_t pos, int32_t parent) {
     seen_stamp_.assign(cap, 0);
     const uint32_t now = seen_now_;
     for (uint64_t k : keys) {
-      size_t i = size_t((k * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
+      size_t i = size_t(mix(k)) & (cap - 1);
       while (seen_stamp_[i] == now) i = (i + 1) & (cap - 1);
       seen_key_[i] = k, seen_stamp_[i] = now;
     }
   }
-  if (seen_count_ > kMaxClosureItems) check_state_size(kMaxStacksPerState + 1);
+  if (seen_count_ > kMaxClosureItems)
+    throw LimitError(cat("grammar: one step of the matcher visits more than ", kMaxClosureItems,
+                         " (element, stack) pairs — the grammar is too large to match at this point (a chain of that many "
+                         "rules) or too ambiguous (", kAmbiguityAdvice));
   const uint64_t k = pair_key(pos, parent);
   const size_t mask = seen_key_.size() - 1;
-  for (size_t i = size_t((k * 0x9E3779B97F4A7C15ull) >> 17) & mask;; i = (i + 1) & mask) {
+  for (size_t i = size_t(mix(k)) & mask;; i = (i + 1) & mask) {
     if (seen_stamp_[i] != seen_now_) {
       seen_key_[i] = k, seen_stamp_[i] = seen_now_;
       ++seen_count_;
@@ -177,7 +198,8 @@ Matcher::State Matcher::advance(State s, uint8_t byte) {
   const uint64_t key = (uint64_t(uint32_t(s)) << 8) | byte;
   if (auto it = trans_.find(key); it != trans_.end()) return it->second;
   std::vector<int32_t> next;
-  spend(int64_t(state_begin_[size_t(s) + 1] - state_begin_[size_t(s)]));
+  // The scan of the state's stacks (a few ns each, against ~60-90 ns a closure item): 1 step per 16.
+  spend((int64_t(state_begin_[size_t(s) + 1] - state_begin_[size_t(s)]) + 15) / 16);
   begin_closures();
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     const int32_t st = state_members_[size_t(k)];
@@ -197,7 +219,7 @@ Matcher::State Matcher::advance_special(State s, int32_t id) {
   const uint64_t key = pair_key(s, id);
   if (auto it = trans_special_.find(key); it != trans_special_.end()) return it->second;
   std::vector<int32_t> next;
-  spend(int64_t(state_begin_[size_t(s) + 1] - state_begin_[size_t(s)]));
+  spend((int64_t(state_begin_[size_t(s) + 1] - state_begin_[size_t(s)]) + 15) / 16);
   begin_closures();
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     const int32_t st = state_members_[size_t(k)];
@@ -323,7 +345,10 @@ bool Matcher::commit(int32_t id) {
   cur_ = t;
   ++commits_;
   budget_ = std::min(burst_, budget_ + per_token_);
-  if (node_pos_.size() > max_stacks_ || trans_.size() > max_transitions_) reset_tables();
+  // (Every table the memo grows counts: states of many stacks over few nodes grow the members alone.)
+  if (node_pos_.size() > max_stacks_ || state_members_.size() > 4 * max_stacks_ ||
+      trans_.size() + trans_special_.size() > max_transitions_)
+    reset_tables();
   return true;
 }
 

@@ -63,14 +63,15 @@ class Matcher {
   static constexpr State kDead = 0;  // no stack left: the bytes so far are not a prefix of the language
   static constexpr size_t kMaxStacksPerState = 16384;
   static constexpr size_t kMaxClosureItems = 16 * kMaxStacksPerState;  // (element, stack) pairs one step visits
-  // The work budget, in parser steps: an (element, stack) pair a closure visits, a stack an advance
-  // scans, a stack a memo reset rebuilds. A matcher starts with kWorkBurst and gains kWorkPerToken at
-  // each committed token, up to kWorkBurst; a step past an empty budget is a kd::Error. Masks run on
-  // the serving thread (every sequence of the batch waits for them), so this bounds what one hostile
-  // grammar costs the others: ≈ 0.24 s at first, then ≈ 3.7 ms a token, at the ≈ 57 ns a step measured
-  // on a 163,840-token vocabulary (docs/perf.md). GrammarPerf's two schemas pay 15,324 and 49,766 steps
-  // over their 27 and 58 tokens (568 and 858 a token), so real grammars stay far under it. What a mask
-  // costs besides its steps (one visit of each trie node it reaches) is bounded by the vocabulary.
+  // The work budget, in parser steps: an (element, stack) pair a closure visits, a rule it expands
+  // (and each alternative it pushes), 16 stacks an advance scans, a stack a memo reset rebuilds. A
+  // matcher starts with kWorkBurst and gains kWorkPerToken at each committed token, up to kWorkBurst;
+  // a step past an empty budget is a LimitError. Masks run on the serving thread (every sequence of
+  // the batch waits for them), so this bounds what one hostile grammar costs the others: ≈ 0.19 s at
+  // first, then ≈ 3 ms a token, at the ≤ 45 ns a step measured on a 163,840-token vocabulary
+  // (docs/perf.md). GrammarPerf's two schemas pay 16,768 and 57,353 steps over their 27 and 58 tokens
+  // (≈ 620 and 990 a token), an enum of 16,000 values ≈ 200,000 a mask. What a mask costs besides its
+  // steps (one visit of each trie node it reaches) is bounded by the vocabulary.
   static constexpr int64_t kWorkBurst = int64_t(1) << 22;
   static constexpr int64_t kWorkPerToken = int64_t(1) << 16;
 
@@ -105,6 +106,7 @@ class Matcher {
     int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0, resets = 0;
     int64_t closure_items = 0;  // (element, stack) pairs visited by every step so far
     int64_t work = 0;           // parser steps paid from the work budget so far (closure items included)
+    int64_t closure_pops = 0;   // worklist entries the closures took (visited or not): what they really did
   };
   const Stats& stats() const { return stats_; }
   // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.

@@ -372,6 +372,19 @@ TEST(Grammar, CountedRepetitionsOfARepetitionFoldAndMatchAsPcre2Does) {
   for (const auto& rule : pile.rules)
     for (const g::Sequence& alt : rule) elems += alt.size();
   EXPECT_LT(elems, 50u) << "(H*){624} was written out, not folded into H*";
+  // A folded body of several elements is one rule, written lo times as a call, not lo copies of the
+  // run: ("<300 bytes>"+){4000} is 4000 calls (its 1.2 M bytes written out were past kMaxElements).
+  const std::string lit(300, 'q');
+  const g::Grammar wide = g::parse_gbnf(kd::cat("root ::= (\"", lit, "\"+){4000}"));
+  size_t wide_elems = 0;
+  for (const auto& rule : wide.rules)
+    for (const g::Sequence& alt : rule) wide_elems += alt.size();
+  EXPECT_LT(wide_elems, 20000u);
+  const g::Grammar abc = g::parse_gbnf("root ::= (\"abc\"+){3}");
+  EXPECT_TRUE(accepts(abc, "abcabcabc"));
+  EXPECT_TRUE(accepts(abc, "abcabcabcabc"));
+  EXPECT_FALSE(accepts(abc, "abcabc"));
+  EXPECT_FALSE(accepts(abc, "abcab"));
 }
 
 // Matching is bounded whatever the grammar (masks run on the serving thread): every parser step is
@@ -422,6 +435,7 @@ TEST(Grammar, TheWorkBudgetRefillsAtEachCommittedToken) {
   }
   const int64_t most = *std::max_element(cost.begin(), cost.end()), least = *std::min_element(cost.begin() + 1, cost.end());
   ASSERT_GT(least, 50) << "each step must cost something for the test to mean anything";
+
   {  // an allowance of the dearest step: the walk runs to the end on a burst of one step
     g::Matcher m = fx.matcher(gr);
     m.set_work_limits(most, most);
@@ -430,14 +444,23 @@ TEST(Grammar, TheWorkBudgetRefillsAtEachCommittedToken) {
       ASSERT_TRUE(m.commit(int32_t('a' + i % 3))) << "step " << i;
     }
   }
-  {  // half the cheapest step: fails at the step where the bucket, run on the measured costs, empties
-    const int64_t burst = most, per = least / 2;
-    int want = -1;
-    for (int64_t i = 0, left = burst; i < steps && want < 0; ++i) {
-      if ((left -= cost[size_t(i)]) < 0) want = int(i);
-      left = std::min(burst, left + per);
-    }
-    ASSERT_GT(want, 0) << "the walk must outrun the budget after its first step";
+  {  // a smaller allowance: fails at the step where the bucket, run on the measured costs, empties
+    // The bucket on the measured costs: the step it empties at (−1: never), with and without refill.
+    auto empties_at = [&](int64_t burst, int64_t per) {
+      for (int64_t i = 0, left = burst; i < steps; ++i) {
+        if ((left -= cost[size_t(i)]) < 0) return int(i);
+        left = std::min(burst, left + per);
+      }
+      return -1;
+    };
+    const int64_t burst = most;
+    const int no_refill = empties_at(burst, 0);
+    // The largest allowance under which the walk still fails, at least 3 steps later than without
+    // refill (so that the step it fails at shows the refill).
+    int64_t per = most;
+    while (per > 0 && !(empties_at(burst, per) >= no_refill + 3)) per -= std::max<int64_t>(1, most / 64);
+    ASSERT_GT(per, 0) << "no allowance separates refill from none on these costs";
+    const int want = empties_at(burst, per);
     g::Matcher m = fx.matcher(gr);
     m.set_work_limits(burst, per);
     int failed_at = -1;
@@ -452,6 +475,71 @@ TEST(Grammar, TheWorkBudgetRefillsAtEachCommittedToken) {
     }
     EXPECT_EQ(failed_at, want);
   }
+}
+
+// Building a grammar takes neither a pass nor a stack frame per rule: a chain of 150,000 named
+// rules (2.8 MB of GBNF, under the server's body limit) ran the nullable fixpoint once per link and
+// recursed once per link in the left-recursion check — 139 s, then a stack overflow (SIGSEGV) that
+// took the server down. Now it builds, and the same chain made left-recursive is refused by name.
+TEST(Grammar, AChainOfManyRulesBuildsWithoutDeepRecursion) {
+  const int n = 150000;
+  std::string chain;
+  for (int i = 0; i < n; ++i) chain += kd::cat("a", i, " ::= a", i + 1, "\n");
+  const g::Grammar gr = g::parse_gbnf(kd::cat(chain, "a", n, " ::= \"\"\nroot ::= a0 \"b\"\n"));
+  // Matching it walks the whole chain in one step: past Matcher::kMaxClosureItems, a clean refusal.
+  try {
+    accepts(gr, "b");
+    ADD_FAILURE() << "a step of " << n << " nested calls ran past kMaxClosureItems";
+  } catch (const g::LimitError& e) {
+    EXPECT_NE(std::string(e.what()).find("too large to match"), std::string::npos) << e.what();
+  }
+  std::string shorter;  // 20,000 links fit in a step
+  for (int i = 0; i < 20000; ++i) shorter += kd::cat("a", i, " ::= a", i + 1, "\n");
+  const g::Grammar sg = g::parse_gbnf(kd::cat(shorter, "a20000 ::= \"\"\nroot ::= a0 \"b\"\n"));
+  EXPECT_TRUE(accepts(sg, "b"));
+  EXPECT_FALSE(accepts(sg, "bb"));
+  try {
+    g::parse_gbnf(kd::cat(chain, "a", n, " ::= a0 \"x\"\nroot ::= a0 \"b\"\n"));
+    ADD_FAILURE() << "a left-recursive chain was accepted";
+  } catch (const kd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("left-recursive"), std::string::npos) << std::string(e.what()).substr(0, 200);
+  }
+}
+
+// Tail calls from many sites into one many-alternative rule expand it once per return stack: M call
+// sites of an N-alternative rule cost the matcher M + N steps (paid from its budget), not M · N
+// unpaid ones (1000 × 1000: 10 s a walk at -O2 before).
+TEST(Grammar, TailCallsIntoAWideRuleExpandItOnce) {
+  const int m = 1000, n = 1000;
+  std::string x = "x ::= r", r = "r ::= q";
+  for (int i = 1; i < m; ++i) x += " | r";
+  for (int i = 1; i < n; ++i) r += " | q";
+  const Fixture fx;
+  g::Matcher mt = fx.matcher(g::parse_gbnf(kd::cat("root ::= (\"a\" x){40}\n", x, "\n", r, "\nq ::= \"b\"\n")));
+  const int64_t pops0 = mt.stats().closure_pops, work0 = mt.stats().work;
+  ASSERT_NE(mt.advance(mt.state(), 'a'), g::Matcher::kDead);
+  const int64_t pops = mt.stats().closure_pops - pops0, work = mt.stats().work - work0;
+  EXPECT_LT(pops, 4 * (m + n)) << "the closure after 'a' took " << pops << " worklist entries";
+  EXPECT_GE(work, pops) << "every entry is paid for";
+  EXPECT_TRUE(mt.commit('a') && mt.commit('b') && mt.commit('a'));
+}
+
+// A large flat choice (an enum of 10,000 values: every value a parse until its bytes differ) is a
+// real grammar, not an attack: its masks stay well inside the work budget. (Scanning a state's
+// stacks for a byte costs a few ns each; charged as a full step, 256 bytes × 10,000 stacks spent
+// the burst by the second mask.)
+TEST(Grammar, ALargeEnumRunsWithinTheWorkBudget) {
+  std::string alts;
+  for (int i = 0; i < 10000; ++i) alts += kd::cat(i ? " | " : "", "\"w", 10000 + i, "\"");
+  const Fixture fx;
+  g::Matcher m = fx.matcher(g::parse_gbnf(kd::cat("root ::= ", alts, "\n")));
+  for (const char c : std::string("w12345")) {
+    const std::vector<uint32_t> mask = m.mask(m.state());
+    ASSERT_TRUE((mask[uint8_t(c) >> 5] >> (uint8_t(c) & 31)) & 1) << c;
+    ASSERT_TRUE(m.commit(uint8_t(c)));
+  }
+  EXPECT_TRUE(m.finished());
+  EXPECT_LT(m.stats().work, g::Matcher::kWorkBurst / 4) << "6 masks of a 10,000-value enum";
 }
 
 TEST(Grammar, PrefixRulesRenamesDefinitionsAndReferencesOnly) {
