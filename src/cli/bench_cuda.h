@@ -38,5 +38,16 @@ double timed_verify_ms(CudaTarget& t, const std::vector<int32_t>& ids, const std
 double timed_reduction_us(int32_t ranks, int64_t rows, int64_t row_len, int64_t calls);
 double measure_read_gbps();   // streaming read bandwidth of the device, GB/s (median of 10)
 double measure_mma_tflops();  // mma.sync bf16 m16n8k16 rate, register operands, TFLOP/s (median of 10)
+// What a kernel boundary costs inside a CUDA graph: a chain of 256 dependent 1-block kernels (and of
+// 132-block ones), µs a kernel, with the launch overlap off and on (cuda::measure_kernel_chain);
+// `stale` > 0 means a kernel ran before the one it depends on (an error the bench reports).
+struct KernelChainFigures {
+  double serial_1 = 0, overlap_1 = 0, serial_wide = 0, overlap_wide = 0;
+  int wide_blocks = 0;
+  int64_t stale = 0;
+  bool overlap = false;  // the device has it
+  int forward_mode = 0;  // KDTREE_CUDA_PDL as the forward uses it
+};
+KernelChainFigures measure_kernel_chain();
 
 }  // namespace kd::cli

@@ -39,6 +39,21 @@ double timed_reduction_us(int32_t ranks, int64_t rows, int64_t row_len, int64_t 
 
 double measure_read_gbps() { return cuda::measure_read_gbps(int64_t(4) << 30, 10); }
 double measure_mma_tflops() { return cuda::measure_mma_tflops(10); }
+KernelChainFigures measure_kernel_chain() {
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  const cuda::ChainTiming one = cuda::measure_kernel_chain(256, 1, 20), wide = cuda::measure_kernel_chain(256, sms, 20);
+  KernelChainFigures f;
+  f.serial_1 = one.us_per_kernel_serial;
+  f.overlap_1 = one.us_per_kernel_overlap;
+  f.serial_wide = wide.us_per_kernel_serial;
+  f.overlap_wide = wide.us_per_kernel_overlap;
+  f.wide_blocks = sms;
+  f.stale = one.stale + wide.stale;
+  f.overlap = one.overlap_available;
+  f.forward_mode = cuda::pdl_mode();
+  return f;
+}
 
 namespace {
 
@@ -95,6 +110,8 @@ std::vector<double> timed_decode_ms(CudaTarget& t, int32_t first_token, int64_t 
   }
   std::vector<cudaEvent_t> ev(static_cast<size_t>(steps + 1));
   for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  // `ncu --nvtx --nvtx-include "decode graph/"` profiles the timed steps only.
+  nvtxRangePushA(graph ? "decode graph" : "decode launches");
   check(cudaEventRecord(ev[0], m.stream), "cudaEventRecord");
   for (int64_t i = 0; i < steps; ++i) {
     if (graph)
@@ -104,6 +121,7 @@ std::vector<double> timed_decode_ms(CudaTarget& t, int32_t first_token, int64_t 
     check(cudaEventRecord(ev[size_t(i + 1)], m.stream), "cudaEventRecord");
   }
   check(cudaStreamSynchronize(m.stream), "decode");
+  nvtxRangePop();
   m.size += steps;
   std::vector<double> ms;
   for (int64_t i = 0; i < steps; ++i) {

@@ -228,6 +228,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
   log_info("measuring the device's streaming read bandwidth …");
   const double bw = measure_read_gbps();
   const double mma_tflops = measure_mma_tflops();
+  const KernelChainFigures chain = measure_kernel_chain();
+  if (chain.stale != 0)
+    fail("bench: the kernel-chain probe found ", chain.stale, " slots a kernel read before the kernel it depends on wrote them — "
+         "the launch overlap breaks ordering on this device; run with KDTREE_CUDA_PDL=0 and report it");
   std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
 
@@ -298,7 +302,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j = {
         {"model", label}, {"backend", "cuda"}, {"device", cuda_device_name()}, {"weights_bytes", t->device_weight_bytes()},
-        {"read_bandwidth_gb_per_s", bw}, {"mma_bf16_tflops", mma_tflops}, {"repetitions", o.repetitions},
+        {"read_bandwidth_gb_per_s", bw}, {"mma_bf16_tflops", mma_tflops},
+        {"kernel_chain_us", {{"launch_overlap", chain.overlap}, {"forward_pdl_mode", chain.forward_mode}, {"one_block_serial", chain.serial_1}, {"one_block_overlap", chain.overlap_1},
+                             {"wide_blocks", chain.wide_blocks}, {"wide_serial", chain.serial_wide}, {"wide_overlap", chain.overlap_wide}}},
+        {"repetitions", o.repetitions},
         {"prefill", {{"tokens", o.n_prompt}, {"ms", pp_ms}, {"tokens_per_s", pp_tps}}},
         {"decode", {{"steps", o.n_gen}, {"ms_per_token", tg_ms}, {"ms_per_token_without_graph", tgl_ms}, {"tokens_per_s", tg_tps}, {"floor_bytes", tg_bytes},
                     {"floor_ms", tg_floor_ms}, {"gb_per_s", double(tg_bytes) / (tg_ms * 1e-3) / 1e9},
@@ -317,6 +324,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
   }
   std::printf("device: %s; weights on device %.2f GB; measured streaming read %.0f GB/s; mma.sync bf16 %.0f TFLOP/s\n",
               cuda_device_name().c_str(), double(t->device_weight_bytes()) / 1e9, bw, mma_tflops);
+  std::printf("kernel boundary in a CUDA graph (256 dependent kernels): %.2f µs (1 block) / %.2f µs (%d blocks) serial, "
+              "%.2f / %.2f µs with the launch overlap%s; the forward: KDTREE_CUDA_PDL=%d\n",
+              chain.serial_1, chain.serial_wide, chain.wide_blocks, chain.overlap_1, chain.overlap_wide,
+              chain.overlap ? "" : " (none before sm_90: both serial)", chain.forward_mode);
   std::printf("| model | backend | test | ms | t/s | floor ms | GB/s | %% of floor |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
   std::printf("| %s | cuda | pp%lld | %.2f | %.1f | | | |\n", label.c_str(), (long long)o.n_prompt, pp_ms, pp_tps);
   std::printf("| %s | cuda | tg%lld (per token, CUDA graph) | %.3f | %.1f | %.3f | %.0f | %.1f %% |\n", label.c_str(),

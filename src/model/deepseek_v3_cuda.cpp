@@ -189,7 +189,6 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
     cuda::linear(L.q_a, xn, hid, n, cq, qr, Epilogue::store, s);
     cuda::rmsnorm(cq, qr, L.q_a_norm, n, qr, c.latent_norm_eps, cq, qr, s);
     cuda::linear(L.q_b, cq, qr, n, q, H * qk, Epilogue::store, s);
-    cuda::rope_q(q, n, H, qk, dn, dr / 2, inv_freq, pos, rope_scaling, s);
     check(cudaStreamWaitEvent(s, join), "join");
     cuda::MlaParams mp;
     mp.q = q;
@@ -208,6 +207,9 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
     mp.dv = dv;
     mp.Lr = Lr;
     mp.softmax_scale = softmax_scale;
+    mp.rope_inv_freq = inv_freq;  // q_pe rotated inside the core (rope_q's arithmetic, one launch less)
+    mp.rope_positions = pos;
+    mp.rope_scaling = rope_scaling;
     cuda::mla_attention(mp, s);
     // Under TP each rank's heads give a partial sum of o_proj: reduced in rank order, then added.
     auto reduce_into_x = [&] {

@@ -298,10 +298,16 @@ TEST(CudaMma, ConfigSweep) {
           bad += std::memcmp(&y[size_t(m * a->rows)], &alone[size_t(m * a->rows)], size_t(a->rows) * 4) != 0;
       }
     }
-    // The shape rule: the tall matrix (≥ kMmaTallRows) runs kMmaTallTile, the short one kMmaShortTile.
+    // The shape rule: the tall matrix (≥ kMmaTallRows) runs kMmaTallTile, the short one kMmaShortTile;
+    // a tile with the rule tile's reduction order (K split, k32 runs) must write its bits too — the
+    // pipeline depth, rows a warp and occupancy only choose who computes what, and when.
+    auto same_order = [](const cuda::MmaTile& a, const cuda::MmaTile& b) {
+      return a.KST == b.KST && a.KSS == b.KSS && a.KC == b.KC && (!a.KC || a.U1 == b.U1);
+    };
     int differ = 0;
     for (const Matrix* a : {&tall, &shrt}) {
-      if (c != (a->rows >= cuda::kMmaTallRows ? cuda::kMmaTallTile : cuda::kMmaShortTile)) continue;
+      if (!same_order(cuda::kMmaTiles[c], cuda::kMmaTiles[a->rows >= cuda::kMmaTallRows ? cuda::kMmaTallTile : cuda::kMmaShortTile]))
+        continue;
       const std::vector<float>& x = a == &tall ? xt : xs;
       const std::vector<float> y = run(*a, x.data(), Mmax, Epilogue::store, cfg);
       const std::vector<float> y_rule = run(*a, x.data(), Mmax, Epilogue::store, mma_path());

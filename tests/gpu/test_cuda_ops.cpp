@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -114,6 +115,23 @@ void check_linear(int64_t rows, int64_t cols, bool int4, int64_t m, uint32_t see
     std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
     cuda_ops::linear(h.w, xi.data(), 1, one.data());
     EXPECT_EQ(0, std::memcmp(one.data(), y.data() + i * rows, size_t(rows) * 4)) << "row " << i << " differs from its batch";
+  }
+}
+
+// The launch overlap (backend/cuda/common.cuh): 256 dependent kernels in one graph, each checking
+// that every block of the kernel before it has written its slot. A kernel that ran before its
+// predecessor finished (a missing or misplaced wait) finds stale slots. The forward's own ordering
+// under the overlap is what the bitwise tests (verify == AR, DDTree == AR, batch == alone) check.
+TEST(CudaOps, LaunchOverlapKeepsKernelOrder) {
+  REQUIRE_GPU();
+  int major = 0;
+  cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cudaDeviceGetAttribute");
+  for (const int blocks : {1, 132, 1000}) {
+    const cuda::ChainTiming t = cuda::measure_kernel_chain(256, blocks, 5);
+    EXPECT_EQ(t.stale, 0) << blocks << " blocks a kernel";
+    EXPECT_EQ(t.overlap_available, major >= 9);
+    std::printf("kernel chain, %d blocks: %.2f µs a kernel serial, %.2f with the overlap (%s)\n", blocks, t.us_per_kernel_serial,
+                t.us_per_kernel_overlap, t.overlap_available ? "on" : "off");
   }
 }
 

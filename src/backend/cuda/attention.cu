@@ -48,6 +48,8 @@ template <int NR>
 __global__ void __launch_bounds__(256) qlat_kernel(MlaParams p) {
   __shared__ float qn[NR][512];
   __shared__ float2 part[4][NR][64];
+  pdl_wait();  // (common.cuh)
+  pdl_trigger();
   const int64_t h = blockIdx.x, Lr = p.Lr, dn = p.dn, i0 = int64_t(blockIdx.z) * NR;
   const int nr = p.n - i0 < NR ? int(p.n - i0) : NR;
   for (int r = 0; r < nr; ++r) {
@@ -138,6 +140,8 @@ __device__ __forceinline__ void block_reduce(float (&v)[HB], float* sh) {
 template <int HB>
 __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaParams p, int64_t i0, int64_t cap) {
   extern __shared__ float sm[];
+  pdl_wait();
+  pdl_trigger();
   const int64_t li = blockIdx.x, i = i0 + li, h0 = int64_t(blockIdx.y) * HB, Lr = p.Lr, dr = p.dr, dn = p.dn, D = Lr + dr;
   const KeyLists& k = p.keys;
   const int start = k.start[i], len = start + k.cnt[i], bt = int(k.bt);
@@ -154,7 +158,17 @@ __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaParams p, int
   for (int h = 0; h < HB; ++h) {
     const int64_t ih = i * p.H + h0 + h;
     for (int64_t l = tid; l < Lr; l += kCoreThreads) qlat[h * Lr + l] = p.qlat[ih * Lr + l];
-    for (int64_t d = tid; d < dr; d += kCoreThreads) qpe[h * dr + d] = p.q[ih * (dn + dr) + dn + d];
+    const float* qr = p.q + ih * (dn + dr) + dn;
+    if (p.rope_inv_freq == nullptr) {
+      for (int64_t d = tid; d < dr; d += kCoreThreads) qpe[h * dr + d] = qr[d];
+    } else {
+      for (int64_t j = tid; j < dr / 2; j += kCoreThreads) {
+        float a = qr[2 * j], b = qr[2 * j + 1];
+        rope_pair(a, b, p.rope_inv_freq[j], p.rope_positions[i], p.rope_scaling);
+        qpe[h * dr + 2 * j] = a;
+        qpe[h * dr + 2 * j + 1] = b;
+      }
+    }
   }
 
   const int32_t* table = k.tables + k.tab[i];
@@ -281,6 +295,8 @@ __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaParams p, int
 // o_lat = Σ_s w_s o_s / Σ_s w_s l_s, chunks in order (one chunk would give o_0 / l_0, what the core
 // kernel writes itself).
 __global__ void mla_combine_kernel(MlaParams p, int64_t i0) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t li = blockIdx.x, i = i0 + li, h = blockIdx.y, Lr = p.Lr;
   const int len = p.keys.start[i] + p.keys.cnt[i];
   const int C = int(chunk_keys(len)), S = (len + C - 1) / C;
@@ -310,6 +326,8 @@ __global__ void mla_combine_kernel(MlaParams p, int64_t i0) {
 template <int NR>
 __global__ void __launch_bounds__(256) wuv_kernel(MlaParams p) {
   __shared__ float2 ol[NR][kCoreThreads];  // o_lat of the pass's rows as pairs (Lr / 2 ≤ kCoreThreads)
+  pdl_wait();
+  pdl_trigger();
   const int64_t h = blockIdx.y, Lr = p.Lr, i0 = int64_t(blockIdx.z) * NR;
   const int64_t d = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   const int nr = p.n - i0 < NR ? int(p.n - i0) : NR;
@@ -357,8 +375,8 @@ void launch_core(const MlaParams& p, int64_t i0, int64_t rows, int64_t cap, int6
           "cudaFuncSetAttribute(mla_core_kernel)");
     raised = true;
   }
-  mla_core_kernel<HB><<<dim3(unsigned(rows), unsigned(p.H / HB), unsigned(chunks)), kCoreThreads, smem_bytes(p.Lr, p.dr, cap, HB), s>>>(
-      p, i0, cap);
+  launch("mla core", mla_core_kernel<HB>, dim3(unsigned(rows), unsigned(p.H / HB), unsigned(chunks)), dim3(kCoreThreads),
+         smem_bytes(p.Lr, p.dr, cap, HB), s, p, i0, cap);
 }
 
 }  // namespace
@@ -386,11 +404,11 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   if (chunks > 1 && p.part == nullptr) fail("CUDA MLA: ", p.max_keys, " keys need the chunk partials buffer (MlaParams::part)");
   // One row (a decode step) takes the one-row instantiations: the same chains, no idle row slots.
   const unsigned passes = unsigned((p.n + kRowPass - 1) / kRowPass);
+  const unsigned lat_blocks = unsigned((p.Lr / 2 + 63) / 64);
   if (p.n == 1)
-    qlat_kernel<1><<<dim3(unsigned(p.H), unsigned((p.Lr / 2 + 63) / 64), 1), 256, 0, s>>>(p);
+    launch("mla qlat", qlat_kernel<1>, dim3(unsigned(p.H), lat_blocks, 1), dim3(256), 0, s, p);
   else
-    qlat_kernel<kRowPass><<<dim3(unsigned(p.H), unsigned((p.Lr / 2 + 63) / 64), passes), 256, 0, s>>>(p);
-  check_launch("mla qlat");
+    launch("mla qlat", qlat_kernel<kRowPass>, dim3(unsigned(p.H), lat_blocks, passes), dim3(256), 0, s, p);
   // Heads a core block: as many as keep ≥ 256 blocks (two a multiprocessor) and fit shared memory —
   // each head of a block shares its key loads, so fewer re-reads of the cache from L2; a short decode
   // row keeps one a block. Speed only: HB never changes a head's bits.
@@ -412,18 +430,13 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
       launch_core<2>(p, i0, rows, cap, chunks, s);
     else
       launch_core<1>(p, i0, rows, cap, chunks, s);
-    check_launch("mla core");
-    if (chunks > 1) {
-      mla_combine_kernel<<<dim3(unsigned(rows), unsigned(p.H)), 128, 0, s>>>(p, i0);
-      check_launch("mla combine");
-    }
+    if (chunks > 1) launch("mla combine", mla_combine_kernel, dim3(unsigned(rows), unsigned(p.H)), dim3(128), 0, s, p, i0);
   }
   const unsigned wblocks = unsigned((p.dv + 7) / 8);
   if (p.n == 1)
-    wuv_kernel<1><<<dim3(wblocks, unsigned(p.H), 1), 256, 0, s>>>(p);
+    launch("mla wuv", wuv_kernel<1>, dim3(wblocks, unsigned(p.H), 1), dim3(256), 0, s, p);
   else
-    wuv_kernel<kRowPass><<<dim3(wblocks, unsigned(p.H), passes), 256, 0, s>>>(p);
-  check_launch("mla wuv");
+    launch("mla wuv", wuv_kernel<kRowPass>, dim3(wblocks, unsigned(p.H), passes), dim3(256), 0, s, p);
 }
 
 }  // namespace kd::cuda

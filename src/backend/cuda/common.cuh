@@ -4,8 +4,66 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace kd::cuda {
+
+// Programmatic dependent launch (sm_90; docs/architecture.md "Launch overlap"). A kernel started with
+// launch() below may be scheduled while the kernel before it on the stream is still running; it must
+// call pdl_wait() before its first access to memory another kernel writes or reads (weights, which no
+// kernel writes, may be read before it), and before any early return — a grid whose blocks all
+// returned without waiting would count as complete while its predecessor still runs, and the kernel
+// after it would start too soon. pdl_wait() returns once the predecessor has completed and its writes
+// are visible, so the chain stays transitive: every kernel waits for all kernels before it.
+// pdl_trigger() lets the next kernel be scheduled early (it then sits in its own pdl_wait()); every
+// kernel calls it right after its wait. The next grid starts only once every block of this one has
+// triggered or exited — once this grid's last wave is resident — so waiting blocks take only the
+// slots that last wave leaves, and at most one grid waits at a time (a kernel triggers only after its
+// own wait returned). Neither call changes any arithmetic: a kernel's bits are the same with the
+// overlap on or off.
+// Off by default (KDTREE_CUDA_PDL=0): measured on the H200 (docs/perf.md), a kernel boundary inside a
+// captured graph costs ≈ 1 µs either way and the overlap made small verify trees ≈ 3 % slower; on
+// launches outside capture (KDTREE_CUDA_PDL=1) it hides most of the host's launch latency for a
+// one-row step (3.90 → 3.55 ms) but made a 65-row verify ≈ 3 % slower; 2 uses it inside graphs too.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+void check(cudaError_t e, const char* what);
+// KDTREE_CUDA_PDL read once (0, 1 or 2 as above; 0 on a device before compute capability 9.0).
+int pdl_mode();
+bool pdl_supported();          // compute capability ≥ 9.0
+bool pdl_for(cudaStream_t s);  // whether launch() on s asks for the overlap now
+
+// kernel<<<grid, block, smem, s>>>(args…), with the programmatic-serialization attribute when `pdl`;
+// a launch error is fatal, naming `what`. Every kernel launched here calls pdl_wait().
+template <class... P, class... A>
+void launch_as(bool pdl, const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+               A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...), what);
+}
+// The forward's launches: the overlap as pdl_for(s) says.
+template <class... P, class... A>
+void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
+  launch_as(pdl_for(s), what, kernel, grid, block, smem, s, std::forward<A>(args)...);
+}
 
 // bf16 → fp32 is exact: the bf16 bits are the top half of the fp32 bits.
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
@@ -17,6 +75,16 @@ __device__ __forceinline__ uint16_t f_bf16(float f) {
   const uint32_t u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// (a, b) rotated by angle = inv_freq · position (fp32), cos/sin scaled (YaRN), as cpu::rope_gptj.
+// One function for every caller (rope_q, the latent write, the MLA core's q_pe), so the bits agree.
+__device__ __forceinline__ void rope_pair(float& a, float& b, float inv_freq, int32_t position, float scaling) {
+  const float angle = __fmul_rn(inv_freq, float(position));
+  const float c = __fmul_rn(cosf(angle), scaling), s = __fmul_rn(sinf(angle), scaling);
+  const float a0 = a, b0 = b;
+  a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
+  b = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
 }
 
 // Butterfly sum: every lane ends with the same bits (a + b == b + a in IEEE arithmetic).

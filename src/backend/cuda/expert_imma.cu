@@ -64,6 +64,8 @@ __host__ __device__ constexpr int64_t unit_pitch(int64_t groups) { return (group
 // (2^(e − 34): a power of two, exact in bf16).
 __global__ void digits_kernel(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t groups,
                               int8_t* __restrict__ q, uint16_t* __restrict__ unit) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (w >= rows * groups) return;  // whole warps: w is the same for the 32 lanes
   const int lane = int(threadIdx.x) & 31;
@@ -142,6 +144,8 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   using C = Imma<W, RT, ST, MP>;
   constexpr int T = C::T;
   extern __shared__ __align__(128) uint8_t smem[];
+  pdl_wait();  // the active experts come from dispatch (common.cuh)
+  pdl_trigger();
   const int a = int(blockIdx.y);
   if (a >= *b.n_active) return;
   const int64_t e = b.act_expert[a], nrows = b.w.rows, groups = b.w.cols / 32;
@@ -373,8 +377,8 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
   if (b.w_stride_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(b.w.w) % 16 != 0)
     fail("CUDA expert_linear (IMMA): expert weights are not 16-byte aligned (stride ", b.w_stride_bytes, " bytes)");
   const int64_t warps = b.x_rows * groups;
-  digits_kernel<<<unsigned((warps * 32 + 255) / 256), 256, 0, s>>>(x, ldx, b.x_rows, groups, b.xq, b.xunit);
-  check_launch("expert digits");
+  launch("expert digits", digits_kernel, dim3(unsigned((warps * 32 + 255) / 256)), dim3(256), 0, s, x, ldx, b.x_rows, groups, b.xq,
+         b.xunit);
   const bool down = b.w.rows > b.w.cols;
   const bool wide = b.max_rows_per_expert >= (down ? kImmaWideDownRows : kImmaWideGateUpRows);
   with_imma(b.imma_tile >= 0 ? b.imma_tile : wide ? kImmaWideTile : kImmaNarrowTile, [&](auto w, auto rt, auto st, auto mp) {
@@ -387,9 +391,8 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
     }();
     (void)attr_set;
     const dim3 grid(unsigned((b.w.rows + C::rows - 1) / C::rows), unsigned(b.max_active));
-    k<<<grid, C::threads, C::smem, s>>>(b, y, ldy, int(ep));
+    launch("expert_linear (IMMA)", k, grid, dim3(C::threads), C::smem, s, b, y, ldy, int(ep));
   });
-  check_launch("expert_linear (IMMA)");
 }
 
 std::string expert_imma_describe(int tile) {

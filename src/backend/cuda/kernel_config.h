@@ -23,7 +23,8 @@ namespace kd::cuda {
 // (tall only); M > 8 runs 16 / 24 / 32-token tiles with RTW 16-row tiles a warp (tall; short: 1) and
 // UW. LD: weight load flavour (1: ld.global.nc L1::no_allocate; 2: the same plus the L2::256B
 // prefetch hint). KC: runs of U consecutive k32 blocks a warp (U1 == UW then: U is part of the order).
-// Every load batch is software-pipelined (the next batch's loads in flight during this one's MMAs).
+// Every load batch is software-pipelined (the next batch's loads in flight during this one's MMAs;
+// deeper rings of 3 or 4 batches were no faster at M = 1 and slower for rt2-kcl2: docs/perf.md).
 struct MmaTile {
   const char* name;
   int KST, KSS, RT1, U1, OCC1, RTW, UW, LD;

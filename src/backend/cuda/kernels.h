@@ -86,13 +86,10 @@ void embed(const uint16_t* table, int64_t dim, const int32_t* ids, int64_t n, fl
 
 // out[i] = x[i] · rsqrt(mean(x[i]²) + eps) · w, rows of dim (strides ldx, ldo); the mean in fp64
 // as the CPU reference does. out may alias x.
+// (w: weights no kernel writes — read before the launch-overlap wait, common.cuh.)
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t dim, double eps, float* out,
              int64_t ldo, cudaStream_t s);
 
-// GPT-J RoPE (pairs 2i, 2i+1) in place on q [n, heads, head_dim] at offset `off` within each head,
-// `half` pairs; angle = fp32(inv_freq[i]) × fp32(position), cos/sin × attn_scaling (YaRN).
-void rope_q(float* q, int64_t n, int64_t heads, int64_t head_dim, int64_t off, int64_t half, const float* inv_freq,
-            const int32_t* positions, float attn_scaling, cudaStream_t s);
 
 // Where the keys of a forward's rows live in a paged latent cache (a single sequence is one block
 // as long as the cache). Row i belongs to one sequence; its key list is that sequence's committed
@@ -120,7 +117,12 @@ void latent_write(const float* kv, int64_t n, int64_t Lr, int64_t dr, const floa
 // Absorbed MLA attention for n new rows over a bf16 latent cache [rows, Lr + dr]; row i attends to
 // its key list (KeyLists) in list order — the AR order of the same prefix.
 struct MlaParams {
-  const float* q = nullptr;           // [n, H, dn + dr], rope applied
+  const float* q = nullptr;           // [n, H, dn + dr]: rope applied, or not yet when rope_inv_freq is set
+  // Set: the core rotates q's rope part itself as it loads it (rope_q's arithmetic, the same bits,
+  // one launch less a layer); q_pe of row i at rope_positions[i], inv_freq [dr / 2], cos/sin × rope_scaling.
+  const float* rope_inv_freq = nullptr;
+  const int32_t* rope_positions = nullptr;
+  float rope_scaling = 1.0f;
   const uint16_t* kv_b = nullptr;     // bf16 [H × (dn + dv), Lr]: per head W_UK rows then W_UV rows
   const uint16_t* cache = nullptr;    // bf16 [capacity, Lr + dr] of this layer
   KeyLists keys;
@@ -201,6 +203,17 @@ void fill_words(uint32_t* p, int64_t n, uint64_t seed, cudaStream_t s);
 
 // Read-only streaming bandwidth of the device over `bytes` (≥ 1 GiB), GB/s, median of `reps`.
 double measure_read_gbps(int64_t bytes, int reps);
+// A chain of `kernels` dependent launches of `blocks` blocks, each of which checks every slot the
+// launch before wrote and writes its own, captured as one CUDA graph and replayed `reps` times: the
+// cost a kernel boundary adds to a step (the forward is ≈ 20 such boundaries a layer), with the
+// launch overlap (common.cuh) off and on. `stale`: slots a kernel found unwritten by the one before
+// — 0 unless a kernel ran before its predecessor finished (the overlap's ordering test).
+struct ChainTiming {
+  double us_per_kernel_serial = 0, us_per_kernel_overlap = 0;
+  int64_t stale = 0;
+  bool overlap_available = false;  // pdl_supported(); without it both figures are the serial launch
+};
+ChainTiming measure_kernel_chain(int kernels, int blocks, int reps);
 // Dense rate of mma.sync m16n8k16 bf16 → fp32 (the instruction of mma.cu) with register operands,
 // TFLOP/s (2·16·8·16 per MMA), median of `reps`: the tensor-pipe ceiling of the bf16 MMA path.
 double measure_mma_tflops(int reps);
@@ -238,5 +251,7 @@ void gather_row_values(const float* logits, int64_t V, const int32_t* ids, int64
 // Aborts with a kd::Error naming the call and the CUDA error.
 void check(cudaError_t e, const char* what);
 void check_launch(const char* what);
+int pdl_mode();  // the launch overlap the forward uses (KDTREE_CUDA_PDL; common.cuh)
+
 
 }  // namespace kd::cuda

@@ -188,6 +188,8 @@ template <bool INT4, int R, int MT, int KS>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx, int64_t M,
                                                            float* y, int64_t ldy, int ep, bool m_fast) {
   static_assert(KS == 1 || KS == kWarps, "split across the whole block or not at all");
+  pdl_wait();  // before the early return below (common.cuh)
+  pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
   const int64_t row0 = KS == 1 ? (bx * kWarps + warp) * R : bx * R;
@@ -236,6 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DevMatrix w, const 
 template <bool INT4, int R, int MT>
 __global__ void __launch_bounds__(kWarps * 32) expert_kernel(ExpertBatch b, const float* __restrict__ x, int64_t ldx,
                                                            float* y, int64_t ldy, int ep) {
+  pdl_wait();
   const int a = int(blockIdx.y);
   if (a >= *b.n_active) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -297,9 +300,9 @@ void launch_linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, f
     const bool m_fast = gm > 1 && gx <= 65535u;
     const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
     if (split)
-      linear_kernel<INT4, R, MT, kWarps><<<grid, block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+      launch("linear", linear_kernel<INT4, R, MT, kWarps>, grid, block, 0, s, w, x, ldx, M, y, ldy, int(ep), m_fast);
     else
-      linear_kernel<INT4, R, MT, 1><<<grid, block, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+      launch("linear", linear_kernel<INT4, R, MT, 1>, grid, block, 0, s, w, x, ldx, M, y, ldy, int(ep), m_fast);
   };
   if (M == 1)
     go(std::integral_constant<int, 1>{});

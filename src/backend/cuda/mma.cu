@@ -214,6 +214,8 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
 
   uint4 wv[U][RT][2];
   load(first, wv);
+  pdl_wait();  // the first weight batch is in flight while the kernel before finishes (common.cuh)
+  pdl_trigger();
   for (int64_t kb0 = first; kb0 < nkb; kb0 += stride) {
     uint4 nx[U][RT][2];
     load(kb0 + stride, nx);  // past the end: predicated off, zeros
@@ -290,11 +292,12 @@ __global__ void __launch_bounds__(KS * 32, MINB) mma_linear_kernel(DevMatrix w, 
 }
 
 template <int RT, int NT, int KS, int U, int LD, bool KC, int MINB>
-void launch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+void launch_tile(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
   const unsigned gx = unsigned((w.rows + 16 * RT - 1) / (16 * RT)), gm = unsigned((M + 8 * NT - 1) / (8 * NT));
   const bool m_fast = gm > 1 && gx <= 65535u;
   const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
-  mma_linear_kernel<RT, NT, KS, U, LD, KC, MINB><<<grid, KS * 32, 0, s>>>(w, x, ldx, M, y, ldy, int(ep), m_fast);
+  launch("linear (MMA)", mma_linear_kernel<RT, NT, KS, U, LD, KC, MINB>, grid, dim3(KS * 32), 0, s, w, x, ldx, M, y, ldy, int(ep),
+         m_fast);
 }
 
 // Tile T of kMmaTiles (kernel_config.h) on a matrix of the given height class (TALL: ≥ 4096 rows,
@@ -306,13 +309,13 @@ void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   constexpr int KS = TALL ? C.KST : C.KSS;
   constexpr int RT1 = TALL ? C.RT1 : 1, RTW = TALL ? C.RTW : 1, MINB = TALL && C.OCC1 / KS > 1 ? C.OCC1 / KS : 1;
   if (M <= 8)
-    launch<RT1, 1, KS, C.U1, C.LD, C.KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
+    launch_tile<RT1, 1, KS, C.U1, C.LD, C.KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 16)
-    launch<RTW, 2, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch_tile<RTW, 2, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 24)
-    launch<RTW, 3, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch_tile<RTW, 3, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
   else
-    launch<RTW, 4, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
+    launch_tile<RTW, 4, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
 }
 
 template <int T>
@@ -346,7 +349,6 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
   const int tile = cfg.mma_tile >= 0 ? cfg.mma_tile : w.rows >= kMmaTallRows ? kMmaTallTile : kMmaShortTile;
   kDispatch[tile](w, x, ldx, M, y, ldy, ep, s);
-  check_launch("linear (MMA)");
   return true;
 }
 
