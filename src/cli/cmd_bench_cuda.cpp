@@ -231,7 +231,7 @@ int cmd_bench_cuda(const BenchOptions& o) {
   const KernelChainFigures chain = measure_kernel_chain();
   if (chain.stale != 0)
     fail("bench: the kernel-chain probe found ", chain.stale, " slots a kernel read before the kernel it depends on wrote them — "
-         "the launch overlap breaks ordering on this device; run with KDTREE_CUDA_PDL=0 and report it");
+         "the launch overlap breaks ordering on this device; keep KDTREE_CUDA_PDL at 0 (the default) and report it");
   std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
 
@@ -303,8 +303,10 @@ int cmd_bench_cuda(const BenchOptions& o) {
     nlohmann::ordered_json j = {
         {"model", label}, {"backend", "cuda"}, {"device", cuda_device_name()}, {"weights_bytes", t->device_weight_bytes()},
         {"read_bandwidth_gb_per_s", bw}, {"mma_bf16_tflops", mma_tflops},
-        {"kernel_chain_us", {{"launch_overlap", chain.overlap}, {"forward_pdl_mode", chain.forward_mode}, {"one_block_serial", chain.serial_1}, {"one_block_overlap", chain.overlap_1},
-                             {"wide_blocks", chain.wide_blocks}, {"wide_serial", chain.serial_wide}, {"wide_overlap", chain.overlap_wide}}},
+        {"kernel_chain_us",
+         {{"launch_overlap", chain.overlap}, {"forward_pdl_mode", chain.forward_mode}, {"one_block_serial", chain.serial_1},
+          {"one_block_overlap", chain.overlap_1}, {"wide_blocks", chain.wide_blocks}, {"wide_serial", chain.serial_wide},
+          {"wide_overlap", chain.overlap_wide}}},
         {"repetitions", o.repetitions},
         {"prefill", {{"tokens", o.n_prompt}, {"ms", pp_ms}, {"tokens_per_s", pp_tps}}},
         {"decode", {{"steps", o.n_gen}, {"ms_per_token", tg_ms}, {"ms_per_token_without_graph", tgl_ms}, {"tokens_per_s", tg_tps}, {"floor_bytes", tg_bytes},

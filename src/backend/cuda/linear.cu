@@ -347,17 +347,16 @@ void expert_linear(const ExpertBatch& b, const float* x, int64_t ldx, float* y, 
   if (b.w.int4) {
     constexpr int R = kExpertInt4Rows;
     const unsigned gx = unsigned((b.w.rows + kWarps * R - 1) / (kWarps * R));
-    expert_kernel<true, R, 1><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+    launch("expert_linear", expert_kernel<true, R, 1>, dim3(gx, gy), block, 0, s, b, x, ldx, y, ldy, int(ep));
   } else {
     // bf16 experts: one token per expert (decode) needs no M-tile; wider tiles share each weight load.
     constexpr int R = 2;
     const unsigned gx = unsigned((b.w.rows + kWarps * R - 1) / (kWarps * R));
     if (b.max_rows_per_expert <= 1)
-      expert_kernel<false, R, 1><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+      launch("expert_linear", expert_kernel<false, R, 1>, dim3(gx, gy), block, 0, s, b, x, ldx, y, ldy, int(ep));
     else
-      expert_kernel<false, R, 4><<<dim3(gx, gy), block, 0, s>>>(b, x, ldx, y, ldy, int(ep));
+      launch("expert_linear", expert_kernel<false, R, 4>, dim3(gx, gy), block, 0, s, b, x, ldx, y, ldy, int(ep));
   }
-  check_launch("expert_linear");
 }
 
 std::string expert_cores_describe() {

@@ -131,33 +131,6 @@ __global__ void latent_write_kernel(const float* kv, int64_t Lr, int64_t dr, con
 // "a before b": higher value first, lower id on ties (the CPU's `better`).
 __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
 
-// Exclusive prefix sum over the block (blockDim.x ≤ 1024, a multiple of 32); *total gets the sum.
-__device__ int block_exclusive_scan(int v, int* sh, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  int inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += t;
-  }
-  if (lane == 31) sh[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    int w = lane < nw ? sh[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int t = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += t;
-    }
-    if (lane < nw) sh[lane] = w;  // inclusive warp totals
-  }
-  __syncthreads();
-  const int before = (warp > 0 ? sh[warp - 1] : 0) + inc - v;
-  *total = sh[nw - 1];
-  __syncthreads();
-  return before;
-}
-
 // One warp per row. Shared: score[E], choice[E], taken[E] (as floats), group data [2G].
 __global__ void route_kernel(const float* logits, const float* bias, RouteParams p, int32_t* chosen, float* weights) {
   pdl_wait();
@@ -248,12 +221,41 @@ __global__ void route_kernel(const float* logits, const float* bias, RouteParams
   }
 }
 
+// Exclusive prefix sum over the block (blockDim.x ≤ 1024, a multiple of 32); *total gets the sum.
+__device__ int block_exclusive_scan(int v, int* sh, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += t;
+  }
+  if (lane == 31) sh[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nw ? sh[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += t;
+    }
+    if (lane < nw) sh[lane] = w;  // inclusive warp totals
+  }
+  __syncthreads();
+  const int before = (warp > 0 ? sh[warp - 1] : 0) + inc - v;
+  *total = sh[nw - 1];
+  __syncthreads();
+  return before;
+}
+
 // One block, a thread per expert (E ≤ 1024): counts, two block scans (slots, active experts), then
 // each active expert writes its entries in ascending row order. The choices are read through
 // shared memory a chunk at a time (every thread scans all of them; from global memory that was
 // nK dependent L1 round trips a thread).
-// The block's threads (≥ E of them).
-__device__ void dispatch_block(const int32_t* chosen, int nK, int K, int E, const Dispatch& d, int32_t* active_log) {
+__global__ void __launch_bounds__(1024) dispatch_kernel(const int32_t* chosen, int nK, int K, int E, Dispatch d,
+                                                        int32_t* active_log) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int kChunk = 4096;
   __shared__ int sh[32];
   __shared__ int16_t ch[kChunk];  // expert ids (E ≤ 1024)
@@ -295,13 +297,6 @@ __device__ void dispatch_block(const int32_t* chosen, int nK, int K, int E, cons
           ++p;
         }
   }
-}
-
-__global__ void __launch_bounds__(1024) dispatch_kernel(const int32_t* chosen, int nK, int K, int E, Dispatch d,
-                                                        int32_t* active_log) {
-  pdl_wait();
-  pdl_trigger();
-  dispatch_block(chosen, nK, K, E, d, active_log);
 }
 
 __global__ void combine_kernel(float* x, const float* y, const float* w, const float* shared, int64_t n, int64_t K, int64_t hid) {
@@ -416,8 +411,8 @@ __global__ void __launch_bounds__(1024) argmax_kernel(const float* logits, int64
   }
 }
 
-__global__ void __launch_bounds__(1024) compact_kernel(uint16_t* cache, int64_t layers, int64_t stride, int64_t dim, const int32_t* src_rows,
-                               const int32_t* dst_rows, int64_t n_keep) {
+__global__ void __launch_bounds__(1024) compact_kernel(uint16_t* cache, int64_t layers, int64_t stride, int64_t dim,
+                                                       const int32_t* src_rows, const int32_t* dst_rows, int64_t n_keep) {
   pdl_wait();
   pdl_trigger();
   for (int64_t k = 0; k < n_keep; ++k) {
@@ -527,7 +522,6 @@ void dispatch(const int32_t* chosen, int64_t n, int64_t K, int64_t E, const Disp
 void moe_combine(float* x, const float* y, const float* w, const float* shared, int64_t n, int64_t K, int64_t hid, cudaStream_t s) {
   launch("moe_combine", combine_kernel, dim3(unsigned((n * hid + 255) / 256)), dim3(256), 0, s, x, y, w, shared, n, K, hid);
 }
-
 
 void argmax_rows(const float* logits, int64_t rows, int64_t V, int32_t* out, cudaStream_t s) {
   launch("argmax", argmax_kernel, dim3(unsigned(rows)), dim3(1024), 0, s, logits, V, out);
