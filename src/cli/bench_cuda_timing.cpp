@@ -84,10 +84,15 @@ double timed_prefill_ms(CudaTarget& t, const std::vector<int32_t>& prompt) {
   const int64_t n = int64_t(prompt.size());
   m.upload_own(prompt.data(), n, nullptr, nullptr, false, true, false);
   check(cudaStreamSynchronize(m.stream), "upload");
+  // `ncu --nvtx --nvtx-include "prefill #1/"` profiles exactly one prefill (the k-th call of the process: "#k").
+  static int calls = 0;
+  const std::string range = "prefill #" + std::to_string(++calls);
+  nvtxRangePushA(range.c_str());
   check(cudaEventRecord(m.ev0, m.stream), "cudaEventRecord");
   m.run(n, m.staged_vis, n, 1, nullptr, nullptr);
   check(cudaEventRecord(m.ev1, m.stream), "cudaEventRecord");
   const double ms = elapsed_ms(m);
+  nvtxRangePop();
   m.size = n;
   return ms;
 }
