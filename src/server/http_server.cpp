@@ -3,6 +3,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,12 @@ struct Channel {
   std::condition_variable cv;
   std::deque<EngineEvent> events;
   std::atomic<bool> abandon{false};  // client gone or a stop string matched: cancel at the next event
+  // A non-streamed request's liveness probe, run by the engine thread at every event (under mu) so
+  // that a departed client's sequence ends within a step even when the handler thread is not
+  // scheduled; set and cleared by the handler (under mu) around its wait, while the exchange lives
+  // and nothing else writes to it. client_gone: the probe said so (under mu).
+  std::function<bool()> probe;
+  bool client_gone = false;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -224,13 +231,16 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
   er.gen = prep.gen;
   er.top_logprobs = prep.top_logprobs;
   er.grammar = prep.grammar;
-  er.on_event = [ch](const EngineEvent& ev) {
+  er.on_event = [this, ch](const EngineEvent& ev) {
+    bool gone = false;
     {
       std::lock_guard<std::mutex> lk(ch->mu);
       ch->events.push_back(ev);
+      if (!ev.done && ch->probe && !ch->probe()) gone = ch->client_gone = true;
     }
+    if (gone) metrics_.count_client_gone();  // here, so the count is in before the sequence is freed
     ch->cv.notify_one();
-    return !ch->abandon.load();
+    return !gone && !ch->abandon.load();
   };
   uint64_t engine_id = 0;
   try {
@@ -248,13 +258,18 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
                                                                    const std::function<bool()>& client_alive) -> bool {
     bool first = true;
     Clock::time_point t_first{};
-    Clock::time_point last_check = Clock::now();
     for (;;) {
       std::deque<EngineEvent> batch;
+      bool gone = false;
       {
         std::unique_lock<std::mutex> lk(ch->mu);
         ch->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !ch->events.empty(); });
         batch.swap(ch->events);
+        gone = ch->client_gone;
+      }
+      if (gone) {  // the engine's probe saw the client leave (and counted it); the sequence is ending
+        ch->abandon = true;
+        return false;
       }
       if (ex.cancelled()) {  // shutting down past the grace period: do not let a long generation hold the exit
         ch->abandon = true;
@@ -262,17 +277,15 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
         emit(error_json(503, "unavailable_error", "server shutting down"));
         return false;
       }
-      // Look for a departed client when idle and every 20 ms while events flow (one poll() or
-      // select() call): a non-streaming request writes nothing until it is done, so no failed
-      // write would tell, and its KV should go back within a few engine steps.
-      if (batch.empty() || Clock::now() - last_check >= std::chrono::milliseconds(20)) {
-        last_check = Clock::now();
-        if (!client_alive()) {
-          metrics_.count_client_gone();
-          ch->abandon = true;
-          engine_->cancel(engine_id);
-          return false;
-        }
+      // Look for a departed client at every wake-up, idle or not (one poll() with a zero timeout):
+      // a non-streaming request writes nothing until it is done, so no failed write would tell. The
+      // engine thread probes too (Channel::probe) — the check that bounds the delay to a step when
+      // this thread waits for a core; this one covers the wait before the first token.
+      if (!client_alive()) {
+        metrics_.count_client_gone();
+        ch->abandon = true;
+        engine_->cancel(engine_id);
+        return false;
       }
       if (batch.empty()) continue;
       for (EngineEvent& ev : batch) {
@@ -333,13 +346,25 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
   if (!prep.response.stream) {
     std::string body;
     int status = 200;
-    const bool done = pump(
-        [&](const std::string& p) {
-          body = p;
-          if (p.rfind("{\"error\"", 0) == 0) status = json::parse(p)["error"]["code"].get<int>();
-          return true;
-        },
-        client_alive);
+    auto set_probe = [&ch](std::function<bool()> f) {
+      std::lock_guard<std::mutex> lk(ch->mu);
+      ch->probe = std::move(f);
+    };
+    set_probe(client_alive);
+    bool done = false;
+    try {
+      done = pump(
+          [&](const std::string& p) {
+            body = p;
+            if (p.rfind("{\"error\"", 0) == 0) status = json::parse(p)["error"]["code"].get<int>();
+            return true;
+          },
+          client_alive);
+    } catch (...) {
+      set_probe(nullptr);
+      throw;
+    }
+    set_probe(nullptr);  // before the reply writes to the exchange the probe reads
     if (!done && body.empty()) {  // the client left (nginx's 499): nobody reads this
       status = 499;
       body = error_json(499, "invalid_request_error", "client closed the connection");
