@@ -93,6 +93,7 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   check(cudaStreamSynchronize(stream), "ensure_rows");  // nothing may still read the old buffers
   for (void* p : {static_cast<void*>(x), static_cast<void*>(xn), static_cast<void*>(cq), static_cast<void*>(q),
                   static_cast<void*>(kv), static_cast<void*>(attn), static_cast<void*>(qlat), static_cast<void*>(olat), static_cast<void*>(part),
+                  static_cast<void*>(qfrag),
                   static_cast<void*>(h), static_cast<void*>(h2), static_cast<void*>(ys), static_cast<void*>(sh),
                   static_cast<void*>(rl), static_cast<void*>(wts), static_cast<void*>(xg), static_cast<void*>(xq),
                   static_cast<void*>(xunit), static_cast<void*>(chosen),
@@ -114,6 +115,7 @@ void CudaTarget::Impl::ensure_rows(int64_t n) {
   qlat = fbuf(H * c.kv_lora_rank, "q_lat");
   olat = fbuf(H * c.kv_lora_rank, "o_lat");
   part = static_cast<float*>(alloc(size_t(cuda::mla_part_floats(n, H, c.kv_lora_rank)) * 4, "attention chunk partials"));
+  qfrag = static_cast<uint32_t*>(alloc(size_t(cuda::mla_qfrag_bytes(n, H, c.kv_lora_rank, c.qk_rope_head_dim)), "attention q fragments"));
   h = fbuf(hmax, "h");
   h2 = fbuf(mi * ns, "h2");
   ys = fbuf(K * hid, "ys");
@@ -199,6 +201,7 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
     mp.qlat = qlat;
     mp.olat = olat;
     mp.part = part;
+    mp.qfrag = qfrag;
     mp.n = n;
     mp.max_keys = max_keys;
     mp.H = H;

@@ -64,6 +64,7 @@ struct CudaTarget::Impl {
   // Work buffers for up to rows_cap rows (logits for logits_cap rows; `in` holds in_cap ints).
   int64_t rows_cap = 0, taps_cap = 0, logits_cap = 0, in_cap = 0;
   float *x = nullptr, *xn = nullptr, *cq = nullptr, *q = nullptr, *kv = nullptr, *attn = nullptr, *h = nullptr, *h2 = nullptr;
+  uint32_t* qfrag = nullptr;  // attention's q fragments (mla_qfrag_bytes)
   float *qlat = nullptr, *olat = nullptr, *part = nullptr, *ys = nullptr, *sh = nullptr, *rl = nullptr, *wts = nullptr, *logits = nullptr, *taps = nullptr;
   float* xg = nullptr;  // [rows, hidden]: the rows whose logits are asked for, gathered
   int8_t* xq = nullptr;  // the routed experts' x as digits (cuda::expert_digit_bytes), gate/up or down

@@ -241,8 +241,16 @@ TEST(CudaExperts, ConfigOutOfRange) {
   b.imma_tile = -1;
   b.path = static_cast<cuda::ExpertPath>(7);
   EXPECT_THROW(cuda::expert_linear(b, nullptr, 1024, nullptr, 1024, Epilogue::store, nullptr), Error);
-  cuda::MlaParams p;
-  p.heads_per_block = 3;
+  cuda::MlaParams p;  // a latent width the core's 8-byte loads cannot take
+  p.Lr = 42;
+  p.dr = 64;
+  EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
+  p.Lr = 512;  // K2's shapes without the q fragment buffer
+  p.dn = 128;
+  p.dv = 128;
+  p.H = 64;
+  p.n = 1;
+  p.max_keys = 10;
   EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
 }
 

@@ -227,16 +227,6 @@ TEST(CudaOps, MlaAttentionK2ShapesWithTreeMask) {
   std::printf("MLA 64 heads, 576 latent, 1100 cached + tree of 5: GPU err %.3g, plain fp32 err %.3g\n", e_gpu, e_plain);
   EXPECT_LE(e_gpu, 2 * e_plain + 1e-7);
 
-  // Heads a core block (the launch picks it by the batch; MlaParams::heads_per_block forces it):
-  // speed only, the same bits.
-  for (int hb : {1, 2, 4}) {
-    cuda_ops::MlaShape sh = s;
-    sh.heads_per_block = hb;
-    std::vector<float> o(out.size(), std::nanf(""));
-    cuda_ops::mla_attention(sh, q.data(), cache, kv_b, vr, vc, o.data());
-    EXPECT_EQ(0, std::memcmp(o.data(), out.data(), out.size() * 4)) << hb << " heads a block";
-  }
-
   // Row invariance: node 3 alone, with the same key list, gives the same bits as inside the tree.
   cuda_ops::MlaShape s1 = s;
   s1.n = 1;
@@ -245,6 +235,84 @@ TEST(CudaOps, MlaAttentionK2ShapesWithTreeMask) {
   std::vector<float> out1(size_t(s.H * s.dv));
   cuda_ops::mla_attention(s1, q3.data(), cache, kv_b, vr1, vc1, out1.data());
   EXPECT_EQ(0, std::memcmp(out1.data(), out.data() + 3 * s.H * s.dv, out1.size() * 4));
+}
+
+// One MLA case on random data: row i of a tree sees the cached prefix and anc[i] (offsets past start).
+// Returns the kernel's output; checks it against fp64 within twice the plain-fp32 error, and each row
+// alone (the same key list, a batch of one) against its row in the batch, bit for bit.
+std::vector<float> check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<int32_t>>& anc, uint32_t seed,
+                                  const char* what) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t D = s.Lr + s.dr, qk = s.dn + s.dr;
+  std::vector<float> q(size_t(s.n * s.H * qk));
+  for (auto& v : q) v = nd(rng);
+  std::vector<uint16_t> cache(size_t((s.start + s.n) * D)), kv_b(size_t(s.H * (s.dn + s.dv) * s.Lr));
+  for (auto& v : cache) v = f32_to_bf16(nd(rng));
+  for (auto& v : kv_b) v = f32_to_bf16(nd(rng) / std::sqrt(float(s.Lr)));
+  std::vector<int32_t> vr(size_t(s.n * s.n), 0), vc(size_t(s.n));
+  for (int64_t i = 0; i < s.n; ++i) {
+    vc[size_t(i)] = int32_t(anc[size_t(i)].size());
+    for (size_t k = 0; k < anc[size_t(i)].size(); ++k) vr[size_t(i * s.n) + k] = anc[size_t(i)][k];
+  }
+  std::vector<float> out(size_t(s.n * s.H * s.dv), std::nanf(""));
+  cuda_ops::mla_attention(s, q.data(), cache, kv_b, vr, vc, out.data());
+  for (float v : out) EXPECT_TRUE(std::isfinite(v)) << what;
+  const double e_gpu = rel_err(out, mla_ref<double>(s, q, cache, kv_b, vr, vc)),
+               e_plain = rel_err(mla_ref<float>(s, q, cache, kv_b, vr, vc), mla_ref<double>(s, q, cache, kv_b, vr, vc));
+  std::printf("MLA %s: GPU err %.3g, plain fp32 err %.3g\n", what, e_gpu, e_plain);
+  EXPECT_LE(e_gpu, 2 * e_plain + 1e-7) << what;
+  for (int64_t i = 0; i < s.n; ++i) {
+    cuda_ops::MlaShape s1 = s;
+    s1.n = 1;
+    std::vector<float> qi(q.begin() + i * s.H * qk, q.begin() + (i + 1) * s.H * qk);
+    std::vector<int32_t> vr1 = anc[size_t(i)], vc1 = {vc[size_t(i)]};
+    std::vector<float> o1(size_t(s.H * s.dv), std::nanf(""));
+    cuda_ops::mla_attention(s1, qi.data(), cache, kv_b, vr1, vc1, o1.data());
+    EXPECT_EQ(0, std::memcmp(o1.data(), out.data() + i * s.H * s.dv, o1.size() * 4)) << what << ": row " << i << " alone";
+  }
+  return out;
+}
+
+// Lists whose chunks span more than one 256-key tile: each chunk folds its tiles in order (the
+// online softmax) before the combine; K2's shapes.
+TEST(CudaOps, MlaAttentionLongListsFoldTiles) {
+  REQUIRE_GPU();
+  cuda_ops::MlaShape s;
+  s.n = 3;
+  s.start = 4700;  // 74 units of 64 keys → 15 chunks of 320 keys: a 256-key tile and a 64-key one each
+  s.H = 64;
+  s.dn = 128;
+  s.dr = 64;
+  s.dv = 128;
+  s.Lr = 512;
+  s.softmax_scale = 1.0f / std::sqrt(192.0f);
+  check_mla_case(s, {{0}, {0, 1}, {0, 2}}, 21, "K2, 4700 cached");
+}
+
+// Shapes off the K2 grid: fewer heads than a block takes (the fixtures' 4), a head count that leaves a
+// partial second block (20), latent rows that are not 16-byte aligned (Lr + dr = 36) and a latent
+// width that leaves a partial 64-column o group with a half-filled 8-column load (Lr = 36).
+TEST(CudaOps, MlaAttentionSmallShapes) {
+  REQUIRE_GPU();
+  struct Case {
+    int64_t H, dn, dr, dv, Lr, start;
+    const char* what;
+  };
+  for (const Case& c : {Case{4, 32, 16, 32, 32, 40, "fixture shape (4 heads, Lr 32, dr 16)"},
+                        Case{20, 16, 4, 24, 32, 300, "20 heads, rows of 36 columns, 5 chunks"},
+                        Case{4, 24, 8, 16, 36, 700, "Lr 36, 11 chunks"}}) {
+    cuda_ops::MlaShape s;
+    s.n = 4;
+    s.start = c.start;
+    s.H = c.H;
+    s.dn = c.dn;
+    s.dr = c.dr;
+    s.dv = c.dv;
+    s.Lr = c.Lr;
+    s.softmax_scale = 1.0f / std::sqrt(float(c.dn + c.dr));
+    check_mla_case(s, {{0}, {0, 1}, {0, 1, 2}, {0, 3}}, 31, c.what);
+  }
 }
 
 TEST(CudaOps, RouterMatchesCpuWithGroupLimits) {

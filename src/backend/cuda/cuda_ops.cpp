@@ -67,6 +67,7 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   Buf dl(lists.data(), lists.size() * 4), dout(size_t(s.n * s.H * s.dv) * 4);
   Buf dql(size_t(s.n * s.H * s.Lr) * 4), dol(size_t(s.n * s.H * s.Lr) * 4);
   Buf dpart(size_t(cuda::mla_part_floats(s.n, s.H, s.Lr)) * 4);
+  Buf dqf(size_t(cuda::mla_qfrag_bytes(s.n, s.H, s.Lr, s.dr)));
   const int32_t* L = dl.as<int32_t>();
   cuda::MlaParams p;
   p.q = dq.as<float>();
@@ -78,6 +79,7 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.qlat = dql.as<float>();
   p.olat = dol.as<float>();
   p.part = dpart.as<float>();
+  p.qfrag = dqf.as<uint32_t>();
   p.n = s.n;
   p.max_keys = s.start + s.n;
   p.H = s.H;
@@ -86,7 +88,6 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.dv = s.dv;
   p.Lr = s.Lr;
   p.softmax_scale = s.softmax_scale;
-  p.heads_per_block = s.heads_per_block;
   cuda::mla_attention(p, nullptr);
   check(cudaMemcpy(out, dout.p, size_t(s.n * s.H * s.dv) * 4, cudaMemcpyDeviceToHost), "download");
 }

@@ -1,8 +1,7 @@
 // Kernel choices of the CUDA backend, one place for every family: the tile tables the kernels are
 // instantiated from (the H200 sweeps' survivors — the retired configurations and their last measured
 // numbers are in docs/perf.md, "Retired kernels (issue 13)") and the per-call choice structs that
-// travel in the launchers' parameters (LinearConfig; ExpertBatch::path / imma_tile and
-// MlaParams::heads_per_block in kernels.h). Nothing here is mutable: a sweep or a test picks a
+// travel in the launchers' parameters (LinearConfig; ExpertBatch::path / imma_tile in kernels.h). Nothing here is mutable: a sweep or a test picks a
 // configuration per call, production leaves the defaults, which are the measured choice.
 //
 // Every configuration of one family writes the same bits for the shapes it is chosen by (the bf16
@@ -86,7 +85,7 @@ enum class ExpertPath : int {
 };
 
 // ---- MLA attention (attention.cu) ------------------------------------------------------------------
-// MlaParams::heads_per_block: 0 picks by the batch (as many heads a core block as keep ≥ 256 blocks and
-// fit shared memory); 1, 2 or 4 forces it. Speed only: a head's bits never depend on it.
+// No choices: the core's shape (16 heads × 256-key tiles a block, on the tensor cores) is fixed, so
+// nothing here could change a bit.
 
 }  // namespace kd::cuda

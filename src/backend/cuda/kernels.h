@@ -129,15 +129,16 @@ struct MlaParams {
   float* out = nullptr;               // [n, H × dv]
   float* qlat = nullptr, *olat = nullptr;  // work: [n, H, Lr] each
   float* part = nullptr;              // work: mla_part_floats(n, H, Lr) (key lists longer than one chunk)
+  uint32_t* qfrag = nullptr;          // work: mla_qfrag_bytes(n, H, Lr, dr) (q split for the tensor cores)
   int64_t max_keys = 0;               // bound on every row's key count (sizes the shared score buffer)
   int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
-  int heads_per_block = 0;  // 0: by the batch (production); 1, 2 or 4 forced (kernel_config.h): speed only
 };
 void mla_attention(const MlaParams& p, cudaStream_t s);
 int64_t mla_max_keys(int64_t Lr, int64_t dr);  // longest key list the attention kernels take
 int64_t mla_part_floats(int64_t n, int64_t H, int64_t Lr);  // MlaParams::part's size for n rows
-// (kv_b must be bf16; qk_nope_head_dim ≤ 512)
+int64_t mla_qfrag_bytes(int64_t n, int64_t H, int64_t Lr, int64_t dr);  // MlaParams::qfrag's size for n rows
+// (kv_b must be bf16; qk_nope_head_dim ≤ 512, kv_lora_rank ≤ 512)
 
 // MoE router of n rows (SPEC-MODEL.md §2): sigmoid scores, selection on score + bias with group
 // limits, ties to the lower id, chosen ids ascending, weights normalised in that order.

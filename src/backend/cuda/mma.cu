@@ -44,33 +44,6 @@ namespace kd::cuda {
 
 namespace {
 
-// Two fp32 → their exact three-part bf16 split, each part packed as bf16x2 (a in the low half).
-struct Split3 {
-  uint32_t hi, mid, lo;
-};
-__device__ __forceinline__ Split3 split3(float a, float b) {
-  const uint32_t ua = __float_as_uint(a), ub = __float_as_uint(b);
-  const float ra = __fsub_rn(a, __uint_as_float(ua & 0xffff0000u));  // exact: the low 16 bits of a
-  const float rb = __fsub_rn(b, __uint_as_float(ub & 0xffff0000u));
-  const uint32_t va = __float_as_uint(ra), vb = __float_as_uint(rb);
-  const float la = __fsub_rn(ra, __uint_as_float(va & 0xffff0000u));  // exact, ≤ 8 significant bits
-  const float lb = __fsub_rn(rb, __uint_as_float(vb & 0xffff0000u));
-  Split3 s;
-  // __byte_perm(x, y, 0x7632): low half = x's top 16 bits, high half = y's top 16 bits.
-  s.hi = __byte_perm(ua, ub, 0x7632);
-  s.mid = __byte_perm(va, vb, 0x7632);
-  s.lo = __byte_perm(__float_as_uint(la), __float_as_uint(lb), 0x7632);
-  return s;
-}
-
-// d += A · B for one m16n8k16 tile (bf16 inputs, fp32 accumulator), PTX fragment layouts.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // x of one k32 block at physical column k (= kb · 32 + 8t) for NT token tiles: xv[nt] = the 8
 // floats of token g of tile nt (xr[nt], null past the batch: zeros); columns ≥ K read zeros.
 template <int NT>
