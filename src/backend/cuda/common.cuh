@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -63,6 +64,19 @@ void launch_as(bool pdl, const char* what, void (*kernel)(P...), dim3 grid, dim3
 template <class... P, class... A>
 void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
   launch_as(pdl_for(s), what, kernel, grid, block, smem, s, std::forward<A>(args)...);
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory (above the default 48 KB) on the current
+// device, once a device: the attribute belongs to the device's context, so one process driving several
+// GPUs (tensor parallel) must set it on each. `devices` is the call site's own mask of devices done.
+template <class... P>
+void opt_in_smem(void (*kernel)(P...), int bytes, std::atomic<uint64_t>& devices, const char* what) {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (devices.load(std::memory_order_acquire) & bit) return;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  devices.fetch_or(bit, std::memory_order_release);
 }
 
 // bf16 → fp32 is exact: the bf16 bits are the top half of the fp32 bits.

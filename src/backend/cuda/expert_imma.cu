@@ -385,11 +385,8 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
     constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
     using C = Imma<W, RT, ST, MP>;
     constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;
-    static const bool attr_set = [] {  // above 48 KB of dynamic shared memory needs the opt-in
-      check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
-      return true;
-    }();
-    (void)attr_set;
+    static std::atomic<uint64_t> opted{0};  // above 48 KB of dynamic shared memory needs the opt-in, a device each
+    opt_in_smem(k, C::smem, opted, "expert_imma shared memory");
     const dim3 grid(unsigned((b.w.rows + C::rows - 1) / C::rows), unsigned(b.max_active));
     launch("expert_linear (IMMA)", k, grid, dim3(C::threads), C::smem, s, b, y, ldy, int(ep));
   });
