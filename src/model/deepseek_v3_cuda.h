@@ -83,7 +83,7 @@ class CudaTarget final : public Target {
   // weights and the workspace estimate); max_kv_tokens is the smaller of this and the free-memory rule.
   // Negative: no cap (the default).
   void cap_kv_bytes(int64_t bytes);
-  int64_t max_keys() const;  // longest key list one row may attend to (attention's shared-memory bound)
+  int64_t max_keys() const;  // longest key list one row may attend to (the context, within the attention's int32 positions)
 
   // Bytes a forward over these rows must read at least: every weight it touches once (experts: the
   // distinct ones given per MoE layer; null → top-k for one row), the KV cache rows it attends to.

@@ -290,6 +290,27 @@ TEST(CudaOps, MlaAttentionLongListsFoldTiles) {
   check_mla_case(s, {{0}, {0, 1}, {0, 2}}, 21, "K2, 4700 cached");
 }
 
+// Rows of one launch whose lists are cut into different numbers of chunks: a chain of 140 nodes after
+// 960 cached keys gives lists of 961 … 1100 keys — 16 chunks of 64 for the shortest, 9 of 128 for the
+// longest. The launch must run the most chunks any row has, not the longest row's count (found in
+// review: a 1000-key row beside an 1100-key one lost 7 of its chunks).
+TEST(CudaOps, MlaAttentionRowsOfDifferentChunkCounts) {
+  REQUIRE_GPU();
+  cuda_ops::MlaShape s;
+  s.n = 140;
+  s.start = 960;
+  s.H = 16;
+  s.dn = 128;
+  s.dr = 64;
+  s.dv = 128;
+  s.Lr = 512;
+  s.softmax_scale = 1.0f / std::sqrt(192.0f);
+  std::vector<std::vector<int32_t>> chain(size_t(s.n));
+  for (int64_t i = 0; i < s.n; ++i)
+    for (int32_t a = 0; a <= i; ++a) chain[size_t(i)].push_back(a);
+  check_mla_case(s, chain, 41, "chain of 140 after 960 cached (9 to 16 chunks)");
+}
+
 // Shapes off the K2 grid: fewer heads than a block takes (the fixtures' 4), a head count that leaves a
 // partial second block (20), latent rows that are not 16-byte aligned (Lr + dr = 36) and a latent
 // width that leaves a partial 64-column o group with a half-filled 8-column load (Lr = 36).

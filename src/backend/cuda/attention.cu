@@ -514,13 +514,19 @@ int64_t mla_qfrag_bytes(int64_t n, int64_t H, int64_t Lr, int64_t dr) {
 void mla_attention(const MlaParams& p, cudaStream_t s) {
   if (p.dn > 512) fail("CUDA MLA: qk_nope_head_dim ", p.dn, " exceeds 512");
   if (p.Lr > kLrMax) fail("CUDA MLA: kv_lora_rank ", p.Lr, " exceeds ", kLrMax, " (a 64-column o group a warp of the core)");
-  if (p.Lr % 4 || p.dr % 4 || p.Lr <= 0)
-    fail("CUDA MLA: kv_lora_rank (", p.Lr, ") and qk_rope_head_dim (", p.dr, ") must be positive multiples of 4 (8-byte latent loads)");
+  if (p.Lr % 4 || p.dr % 4 || p.Lr <= 0 || p.dr < 0)
+    fail("CUDA MLA: kv_lora_rank (", p.Lr, ") must be a positive multiple of 4 and qk_rope_head_dim (", p.dr,
+         ") a multiple of 4 (8-byte latent loads)");
+  if (p.max_keys < 1) fail("CUDA MLA: the rows' key lists are bounded by ", p.max_keys, " keys; every row attends to at least itself");
   if (p.max_keys > mla_max_keys(p.Lr, p.dr)) fail("CUDA MLA: ", p.max_keys, " keys exceed the limit of ", mla_max_keys(p.Lr, p.dr));
   const size_t smem = core_smem(p.Lr + p.dr);
   if (smem > kMaxSmem)
     fail("CUDA MLA: a latent row of ", p.Lr + p.dr, " columns needs ", smem, " bytes of shared memory in the core (limit ", kMaxSmem, ")");
-  const int64_t chunk = chunk_keys(p.max_keys), chunks = (p.max_keys + chunk - 1) / chunk;
+  // The most chunks any list of ≤ max_keys keys is cut into: a list of u ≤ kMaxChunks units has u
+  // chunks, a longer one kMaxChunks — not the chunk count of a max_keys-long list itself, which is
+  // smaller for max_keys past kMaxChunks units (1100 keys: 9 chunks of 128, while a 1000-key row of the
+  // same launch has 16 of 64). Blocks past a row's own count return at once.
+  const int64_t chunks = std::min<int64_t>(kMaxChunks, (p.max_keys + kChunkUnit - 1) / kChunkUnit);
   if (chunks > 1 && p.part == nullptr) fail("CUDA MLA: ", p.max_keys, " keys need the chunk partials buffer (MlaParams::part)");
   if (p.qfrag == nullptr) fail("CUDA MLA: no q fragment buffer (MlaParams::qfrag, mla_qfrag_bytes)");
   // One row (a decode step) takes the one-row instantiations: the same chains, no idle row slots.

@@ -81,7 +81,7 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.part = dpart.as<float>();
   p.qfrag = dqf.as<uint32_t>();
   p.n = s.n;
-  p.max_keys = s.start + s.n;
+  p.max_keys = s.start + (vis_cnt.empty() ? 1 : *std::max_element(vis_cnt.begin(), vis_cnt.end()));
   p.H = s.H;
   p.dn = s.dn;
   p.dr = s.dr;

@@ -130,7 +130,7 @@ struct MlaParams {
   float* qlat = nullptr, *olat = nullptr;  // work: [n, H, Lr] each
   float* part = nullptr;              // work: mla_part_floats(n, H, Lr) (key lists longer than one chunk)
   uint32_t* qfrag = nullptr;          // work: mla_qfrag_bytes(n, H, Lr, dr) (q split for the tensor cores)
-  int64_t max_keys = 0;               // bound on every row's key count (sizes the shared score buffer)
+  int64_t max_keys = 0;               // bound on every row's key count (sizes the core's chunk grid), ≥ 1
   int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
 };
