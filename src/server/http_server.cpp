@@ -52,6 +52,17 @@ struct Channel {
   bool client_gone = false;
 };
 
+// The one decision that a request's client has gone (its probe, its handler's poll and a failed write
+// may each see it, on two threads): true for the first caller only, which then counts it; the probe
+// is dropped with it.
+bool claim_gone(Channel& c) {
+  std::lock_guard<std::mutex> lk(c.mu);
+  if (c.client_gone) return false;
+  c.client_gone = true;
+  c.probe = nullptr;
+  return true;
+}
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A request body as a JSON object, depth-bounded (core/untrusted.h); nullopt after answering 400.
@@ -236,7 +247,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
     {
       std::lock_guard<std::mutex> lk(ch->mu);
       ch->events.push_back(ev);
-      if (!ev.done && ch->probe && !ch->probe()) gone = ch->client_gone = true;
+      if (!ev.done && ch->probe && !ch->client_gone && !ch->abandon.load() && !ch->probe()) gone = ch->client_gone = true;
     }
     if (gone) metrics_.count_client_gone();  // here, so the count is in before the sequence is freed
     ch->cv.notify_one();
@@ -282,7 +293,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
       // engine thread probes too (Channel::probe) — the check that bounds the delay to a step when
       // this thread waits for a core; this one covers the wait before the first token.
       if (!client_alive()) {
-        metrics_.count_client_gone();
+        if (claim_gone(*ch)) metrics_.count_client_gone();
         ch->abandon = true;
         engine_->cancel(engine_id);
         return false;
@@ -295,7 +306,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
         }
         for (const std::string& p : builder->add(ev.ids, ev.logprobs)) {
           if (!emit(p)) {
-            metrics_.count_client_gone();
+            if (claim_gone(*ch)) metrics_.count_client_gone();
             ch->abandon = true;
             engine_->cancel(engine_id);
             return false;
@@ -350,7 +361,8 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
       std::lock_guard<std::mutex> lk(ch->mu);
       ch->probe = std::move(f);
     };
-    set_probe(client_alive);
+    // (Shutting down, the I/O thread closes sockets: the probe leaves that to the handler's 503.)
+    set_probe([&ex] { return ex.cancelled() || ex.peer_alive(); });
     bool done = false;
     try {
       done = pump(
@@ -373,7 +385,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
     return;
   }
   if (!ex.start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
-    metrics_.count_client_gone();
+    if (claim_gone(*ch)) metrics_.count_client_gone();
     ch->abandon = true;
     engine_->cancel(engine_id);
     return;
