@@ -247,7 +247,10 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
     {
       std::lock_guard<std::mutex> lk(ch->mu);
       ch->events.push_back(ev);
-      if (!ev.done && ch->probe && !ch->client_gone && !ch->abandon.load() && !ch->probe()) gone = ch->client_gone = true;
+      if (!ev.done && ch->probe && !ch->abandon.load() && !ch->probe()) {  // (no probe once gone: claim_gone)
+        gone = ch->client_gone = true;
+        ch->probe = nullptr;
+      }
     }
     if (gone) metrics_.count_client_gone();  // here, so the count is in before the sequence is freed
     ch->cv.notify_one();
@@ -357,14 +360,21 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
   if (!prep.response.stream) {
     std::string body;
     int status = 200;
-    auto set_probe = [&ch](std::function<bool()> f) {
-      std::lock_guard<std::mutex> lk(ch->mu);
-      ch->probe = std::move(f);
-    };
-    // (Shutting down, the I/O thread closes sockets: the probe leaves that to the handler's 503.)
-    set_probe([&ex] { return ex.cancelled() || ex.peer_alive(); });
     bool done = false;
-    try {
+    {
+      // The probe lives for the wait only: it is cleared (on every way out) before the reply writes to
+      // the exchange it reads. Shutting down, the I/O thread closes sockets: it leaves that to the 503.
+      struct Probe {
+        Channel& c;
+        Probe(Channel& ch, std::function<bool()> f) : c(ch) {
+          std::lock_guard<std::mutex> lk(c.mu);
+          c.probe = std::move(f);
+        }
+        ~Probe() {
+          std::lock_guard<std::mutex> lk(c.mu);
+          c.probe = nullptr;
+        }
+      } probe(*ch, [&ex] { return ex.cancelled() || ex.peer_alive(); });
       done = pump(
           [&](const std::string& p) {
             body = p;
@@ -372,11 +382,7 @@ void HttpServer::handle_generate(Endpoint ep, const HttpRequest& req, HttpExchan
             return true;
           },
           client_alive);
-    } catch (...) {
-      set_probe(nullptr);
-      throw;
     }
-    set_probe(nullptr);  // before the reply writes to the exchange the probe reads
     if (!done && body.empty()) {  // the client left (nginx's 499): nobody reads this
       status = 499;
       body = error_json(499, "invalid_request_error", "client closed the connection");

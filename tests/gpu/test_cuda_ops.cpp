@@ -192,56 +192,10 @@ std::vector<T> mla_ref(const cuda_ops::MlaShape& s, const std::vector<float>& q,
   return out;
 }
 
-TEST(CudaOps, MlaAttentionK2ShapesWithTreeMask) {
-  REQUIRE_GPU();
-  cuda_ops::MlaShape s;
-  s.n = 5;
-  s.start = 1100;  // three key tiles of the core kernel
-  s.H = 64;
-  s.dn = 128;
-  s.dr = 64;
-  s.dv = 128;
-  s.Lr = 512;
-  s.softmax_scale = 1.0f / std::sqrt(192.0f);
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int64_t D = s.Lr + s.dr;
-  std::vector<float> q(size_t(s.n * s.H * (s.dn + s.dr)));
-  for (auto& v : q) v = nd(rng);
-  std::vector<uint16_t> cache(size_t((s.start + s.n) * D)), kv_b(size_t(s.H * (s.dn + s.dv) * s.Lr));
-  for (auto& v : cache) v = f32_to_bf16(nd(rng));
-  for (auto& v : kv_b) v = f32_to_bf16(nd(rng) / std::sqrt(float(s.Lr)));
-  // A tree: 0 root; 1, 2 children of 0; 3 child of 1; 4 child of 2. Keys: ancestors and self.
-  const std::vector<std::vector<int32_t>> anc = {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}};
-  std::vector<int32_t> vr(size_t(s.n * s.n), 0), vc(size_t(s.n));
-  for (int64_t i = 0; i < s.n; ++i) {
-    vc[size_t(i)] = int32_t(anc[size_t(i)].size());
-    for (size_t k = 0; k < anc[size_t(i)].size(); ++k) vr[size_t(i * s.n) + k] = anc[size_t(i)][k];
-  }
-  std::vector<float> out(size_t(s.n * s.H * s.dv), std::nanf(""));
-  cuda_ops::mla_attention(s, q.data(), cache, kv_b, vr, vc, out.data());
-  const std::vector<double> ref = mla_ref<double>(s, q, cache, kv_b, vr, vc);
-  const std::vector<float> plain = mla_ref<float>(s, q, cache, kv_b, vr, vc);
-  for (float v : out) ASSERT_TRUE(std::isfinite(v));
-  const double e_gpu = rel_err(out, ref), e_plain = rel_err(plain, ref);
-  std::printf("MLA 64 heads, 576 latent, 1100 cached + tree of 5: GPU err %.3g, plain fp32 err %.3g\n", e_gpu, e_plain);
-  EXPECT_LE(e_gpu, 2 * e_plain + 1e-7);
-
-  // Row invariance: node 3 alone, with the same key list, gives the same bits as inside the tree.
-  cuda_ops::MlaShape s1 = s;
-  s1.n = 1;
-  std::vector<float> q3(q.begin() + 3 * s.H * (s.dn + s.dr), q.begin() + 4 * s.H * (s.dn + s.dr));
-  std::vector<int32_t> vr1 = {0, 1, 3}, vc1 = {3};
-  std::vector<float> out1(size_t(s.H * s.dv));
-  cuda_ops::mla_attention(s1, q3.data(), cache, kv_b, vr1, vc1, out1.data());
-  EXPECT_EQ(0, std::memcmp(out1.data(), out.data() + 3 * s.H * s.dv, out1.size() * 4));
-}
-
 // One MLA case on random data: row i of a tree sees the cached prefix and anc[i] (offsets past start).
-// Returns the kernel's output; checks it against fp64 within twice the plain-fp32 error, and each row
-// alone (the same key list, a batch of one) against its row in the batch, bit for bit.
-std::vector<float> check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<int32_t>>& anc, uint32_t seed,
-                                  const char* what) {
+// Checks the kernel's output against fp64 within twice the plain-fp32 error, and each row alone (the
+// same key list, a batch of one) against its row in the batch, bit for bit.
+void check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<int32_t>>& anc, uint32_t seed, const char* what) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int64_t D = s.Lr + s.dr, qk = s.dn + s.dr;
@@ -258,8 +212,8 @@ std::vector<float> check_mla_case(const cuda_ops::MlaShape& s, const std::vector
   std::vector<float> out(size_t(s.n * s.H * s.dv), std::nanf(""));
   cuda_ops::mla_attention(s, q.data(), cache, kv_b, vr, vc, out.data());
   for (float v : out) EXPECT_TRUE(std::isfinite(v)) << what;
-  const double e_gpu = rel_err(out, mla_ref<double>(s, q, cache, kv_b, vr, vc)),
-               e_plain = rel_err(mla_ref<float>(s, q, cache, kv_b, vr, vc), mla_ref<double>(s, q, cache, kv_b, vr, vc));
+  const std::vector<double> ref = mla_ref<double>(s, q, cache, kv_b, vr, vc);
+  const double e_gpu = rel_err(out, ref), e_plain = rel_err(mla_ref<float>(s, q, cache, kv_b, vr, vc), ref);
   std::printf("MLA %s: GPU err %.3g, plain fp32 err %.3g\n", what, e_gpu, e_plain);
   EXPECT_LE(e_gpu, 2 * e_plain + 1e-7) << what;
   for (int64_t i = 0; i < s.n; ++i) {
@@ -271,22 +225,35 @@ std::vector<float> check_mla_case(const cuda_ops::MlaShape& s, const std::vector
     cuda_ops::mla_attention(s1, qi.data(), cache, kv_b, vr1, vc1, o1.data());
     EXPECT_EQ(0, std::memcmp(o1.data(), out.data() + i * s.H * s.dv, o1.size() * 4)) << what << ": row " << i << " alone";
   }
-  return out;
+}
+
+// Kimi K2's attention shapes (dn 128, dr 64, dv 128, Lr 512) for n rows after `start` cached keys.
+cuda_ops::MlaShape k2_mla_shape(int64_t n, int64_t start, int64_t H) {
+  cuda_ops::MlaShape s;
+  s.n = n;
+  s.start = start;
+  s.H = H;
+  s.dn = 128;
+  s.dr = 64;
+  s.dv = 128;
+  s.Lr = 512;
+  s.softmax_scale = 1.0f / std::sqrt(192.0f);
+  return s;
+}
+
+// K2's shapes: 64 heads, 576 latent columns, 1100 cached keys (9 chunks of 128) + a tree of 5:
+// 0 root; 1, 2 children of 0; 3 child of 1; 4 child of 2 (keys: ancestors and self).
+TEST(CudaOps, MlaAttentionK2ShapesWithTreeMask) {
+  REQUIRE_GPU();
+  cuda_ops::MlaShape s = k2_mla_shape(5, 1100, 64);
+  check_mla_case(s, {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}}, 11, "64 heads, 576 latent, 1100 cached + tree of 5");
 }
 
 // Lists whose chunks span more than one 256-key tile: each chunk folds its tiles in order (the
 // online softmax) before the combine; K2's shapes.
 TEST(CudaOps, MlaAttentionLongListsFoldTiles) {
   REQUIRE_GPU();
-  cuda_ops::MlaShape s;
-  s.n = 3;
-  s.start = 4700;  // 74 units of 64 keys → 15 chunks of 320 keys: a 256-key tile and a 64-key one each
-  s.H = 64;
-  s.dn = 128;
-  s.dr = 64;
-  s.dv = 128;
-  s.Lr = 512;
-  s.softmax_scale = 1.0f / std::sqrt(192.0f);
+  cuda_ops::MlaShape s = k2_mla_shape(3, 4700, 64);  // 74 units of 64 keys → 15 chunks of 320: a 256-key tile and a 64-key one each
   check_mla_case(s, {{0}, {0, 1}, {0, 2}}, 21, "K2, 4700 cached");
 }
 
@@ -296,15 +263,7 @@ TEST(CudaOps, MlaAttentionLongListsFoldTiles) {
 // review: a 1000-key row beside an 1100-key one lost 7 of its chunks).
 TEST(CudaOps, MlaAttentionRowsOfDifferentChunkCounts) {
   REQUIRE_GPU();
-  cuda_ops::MlaShape s;
-  s.n = 140;
-  s.start = 960;
-  s.H = 16;
-  s.dn = 128;
-  s.dr = 64;
-  s.dv = 128;
-  s.Lr = 512;
-  s.softmax_scale = 1.0f / std::sqrt(192.0f);
+  cuda_ops::MlaShape s = k2_mla_shape(140, 960, 16);
   std::vector<std::vector<int32_t>> chain(size_t(s.n));
   for (int64_t i = 0; i < s.n; ++i)
     for (int32_t a = 0; a <= i; ++a) chain[size_t(i)].push_back(a);

@@ -538,6 +538,8 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
     launch("mla qlat", qlat_kernel<kRowPass>, dim3(unsigned(p.H), lat_blocks, passes), dim3(256), 0, s, p);
   static std::atomic<uint64_t> opted_fast{0}, opted_guarded{0};  // devices whose limit has been raised
   const bool fast = (p.Lr + p.dr) % 32 == 0 && p.Lr % 64 == 0;
+  auto* core = fast ? mla_core_kernel<true> : mla_core_kernel<false>;
+  opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
   // kChunkRows rows a launch (the q fragment and partials buffers hold that many): their q
   // fragments, the core, and the combine when a list may span chunks.
   const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads);
@@ -545,8 +547,6 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
     const int64_t rows = std::min<int64_t>(kChunkRows, p.n - i0);
     launch("mla qfrag", mla_qfrag_kernel, dim3(unsigned(rows), head_blocks), dim3(kCoreThreads), 0, s, p, i0);
     const dim3 grid(unsigned(rows), head_blocks, unsigned(chunks));
-    auto* core = fast ? mla_core_kernel<true> : mla_core_kernel<false>;
-    opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
     launch("mla core", core, grid, dim3(kCoreThreads), smem, s, p, i0);
     if (chunks > 1) launch("mla combine", mla_combine_kernel, dim3(unsigned(rows), unsigned(p.H)), dim3(128), 0, s, p, i0);
   }

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tree_build.h"
 #include "core/error.h"
@@ -206,14 +207,9 @@ __global__ void __launch_bounds__(kThreads) draft_tree_kernel(const DraftTreeArg
     for (int j = i; j >= 0; j = m.n_parent[j]) a.visibility[int64_t(i) * size + j] = 1;
 }
 
-void launch(const DraftTreeArgs& a, bool stage, size_t smem, int dev, size_t optin, cudaStream_t s) {
+void launch(const DraftTreeArgs& a, bool stage, size_t smem, size_t optin, cudaStream_t s) {
   static std::atomic<uint64_t> opted{0};  // devices whose limit has been raised
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (smem > 48 * 1024 && !(opted.load() & bit)) {
-    check(cudaFuncSetAttribute(draft_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(optin)),
-          "draft tree: shared memory attribute");
-    opted.fetch_or(bit);
-  }
+  if (smem > 48 * 1024) opt_in_smem(draft_tree_kernel, int(optin), opted, "draft tree: shared memory attribute");
   draft_tree_kernel<<<1, kThreads, smem, s>>>(a, stage);
   check_launch("draft tree");
 }
@@ -239,7 +235,7 @@ void build_draft_tree(const DraftTreeArgs& a, cudaStream_t s) {
   const size_t lp_bytes = size_t(a.positions) * size_t(a.k) * 4;
   const bool stage = base + lp_bytes <= optin;
   const size_t smem = base + (stage ? lp_bytes : 0);
-  launch(a, stage, smem, dev, optin, s);
+  launch(a, stage, smem, optin, s);
 }
 
 }  // namespace kd::cuda
