@@ -245,12 +245,16 @@ TEST(CudaExperts, ConfigOutOfRange) {
   p.Lr = 42;
   p.dr = 64;
   EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
-  p.Lr = 512;  // K2's shapes without the q fragment buffer
+  p.Lr = 512;  // K2's shapes, a list long enough for the tensor cores, without the q fragment buffer
   p.dn = 128;
   p.dv = 128;
   p.H = 64;
   p.n = 1;
-  p.max_keys = 10;
+  p.max_keys = 1000;
+  float part = 0;  // (never read: the call must fail before any launch)
+  p.part = &part;
+  EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
+  p.max_keys = 10;  // short lists need no q fragments, but the kernels still need their operands
   EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
 }
 

@@ -270,6 +270,28 @@ TEST(CudaOps, MlaAttentionRowsOfDifferentChunkCounts) {
   check_mla_case(s, chain, 41, "chain of 140 after 960 cached (9 to 16 chunks)");
 }
 
+// Lists on both sides of the split between the CUDA-core kernel (≤ kShortKeys = 128 keys) and the tensor
+// cores in one launch: a chain of 16 after 120 cached keys gives 121 … 136 keys, 8 rows each side. K2's 64 heads
+// make 16 rows take 4 heads a CUDA-core block in the batch and 1 a block alone (the row-alone check
+// compares them bit for bit); Lr 36 takes the guarded tensor-core kernel beside it.
+TEST(CudaOps, MlaAttentionShortAndLongListsInOneLaunch) {
+  REQUIRE_GPU();
+  std::vector<std::vector<int32_t>> chain(16);
+  for (int32_t i = 0; i < 16; ++i)
+    for (int32_t a = 0; a <= i; ++a) chain[size_t(i)].push_back(a);
+  check_mla_case(k2_mla_shape(16, 120, 64), chain, 51, "K2, chain of 16 after 120 cached (8 short, 8 long)");
+  cuda_ops::MlaShape s;
+  s.n = 16;
+  s.start = 120;
+  s.H = 20;
+  s.dn = 24;
+  s.dr = 8;
+  s.dv = 16;
+  s.Lr = 36;
+  s.softmax_scale = 1.0f / std::sqrt(32.0f);
+  check_mla_case(s, chain, 52, "Lr 36, 20 heads, chain of 16 after 120 cached");
+}
+
 // Shapes off the K2 grid: fewer heads than a block takes (the fixtures' 4), a head count that leaves a
 // partial second block (20), latent rows that are not 16-byte aligned (Lr + dr = 36) and a latent
 // width that leaves a partial 64-column o group with a half-filled 8-column load (Lr = 36).

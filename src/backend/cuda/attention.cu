@@ -3,14 +3,17 @@
 // still spreads the W_UK / W_UV reads (16.8 MB a layer for K2) over the whole GPU:
 //   q_lat = W_UKᵀ q_nope                                  [Lr]    qlat_kernel (kv_b rows of the head)
 //   s_t   = [q_lat | q_pe] · [c_kv[t] | k_pe[t]] · scale   over the row's key list
-//   p     = softmax(s);  o_lat = Σ_t p_t c_kv[t]           [Lr]    mla_core_kernel, per (row, 16 heads,
+//   p     = softmax(s);  o_lat = Σ_t p_t c_kv[t]           [Lr]    lists of ≤ kShortKeys keys:
+//                                                                 mla_short_kernel, per (row, 1-4
+//                                                                 heads), CUDA cores; longer lists:
+//                                                                 mla_core_kernel, per (row, 16 heads,
 //                                                                 chunk), on the tensor cores
 //                                                                 (+ mla_combine_kernel over chunks)
 //   out   = W_UV o_lat                                    [dv]    wuv_kernel, a warp per value
-// Key lists are cut into up to kMaxChunks chunks of whole 64-key units (flash-decoding): each
+// Long key lists are cut into up to kMaxChunks chunks of whole 64-key units (flash-decoding): each
 // chunk's block keeps its own max m, sum l and o = Σ e^(s − m) c; the combine kernel rescales them.
-// The cut depends only on the list's length (chunk_keys), so it is the same for an AR step and the
-// tree node with the same prefix.
+// Which kernel takes a row and how its list is cut depend only on the list's length (kShortKeys,
+// chunk_keys), so they are the same for an AR step and the tree node with the same prefix.
 // The key list of row i (kernels.h KeyLists) is its sequence's committed rows 0 … start−1 (through
 // the block table of a paged cache) followed by the new rows it may see (its tree ancestors and
 // itself, ascending): exactly the list of the AR step for the same prefix, and every reduction is
@@ -31,6 +34,16 @@ constexpr int kRowPass = 8;        // qlat / wuv: rows that share one read of a 
 constexpr int kMaxChunks = 16;     // key chunks of one (row, head) at most
 constexpr int kChunkRows = 32;     // rows a chunked core launch covers (bounds the partials buffer)
 constexpr size_t kMaxSmem = 227 * 1024;  // Hopper's per-block opt-in limit
+// Lists of at most this many keys take mla_short_kernel (CUDA cores, a block for 1, 2 or 4 heads), longer
+// ones the tensor-core kernel. A decode row of a short context has a few dozen keys: the tensor-core grid
+// is then 4 head groups × 1–2 chunks and the step waits on the latency of those few blocks (plus the
+// q-fragment and combine launches), while the CUDA-core kernel spreads it over 64 blocks. Measured on
+// the H200 with the split at 256 keys (docs/perf.md, "Short lists on the CUDA cores", k2-slice): after a
+// 64-token prompt decode −5.6 % and verify of 1–4 nodes −3 to −6 %; after a 192-token prompt a 16-node
+// verify +1.6 % — its crossover lies near 130 keys, a decode row's near 220 — hence 128. The rule is
+// the list's length alone, never the batch, so a tree node still takes its AR step's kernel.
+constexpr int kShortKeys = 128;
+__host__ __device__ constexpr bool short_list(int64_t len) { return len <= kShortKeys; }
 
 // q_lat[i, h, :] = W_UKᵀ q_nope[i, h]: grid (H, ceil(Lr / 128), ceil(n / NR)), 256 threads = 64
 // latent pairs (bf16x2 loads coalesced across the warp) × 4 quarters of d, whose partial sums are
@@ -84,6 +97,185 @@ __global__ void __launch_bounds__(256) qlat_kernel(MlaParams p) {
     const int64_t ih = (i0 + r) * p.H + h;
     p.qlat[ih * Lr + 2 * l2] = t.x;
     p.qlat[ih * Lr + 2 * l2 + 1] = t.y;
+  }
+}
+
+// ---- Short lists on the CUDA cores ------------------------------------------------------------
+constexpr int kShortThreads = 512;  // mla_short_kernel: 16 warps
+
+// Thread groups of mla_short_kernel's o_lat phase: a group holds a thread per latent quad (rounded up
+// to whole warps) and takes every G-th key; G is a rule of Lr alone, so rows stay invariant.
+__host__ __device__ constexpr int short_groups(int64_t Lr) {
+  const int64_t per = (Lr / 4 + 31) / 32 * 32;
+  return per >= kShortThreads ? 1 : int(kShortThreads / per);
+}
+
+// mla_short_kernel<HB>'s shared memory: q_lat [HB][Lr] | q_pe [HB][dr] | red [32·HB] | rows
+// [kShortKeys] | e [HB][kShortKeys] | the o partials of groups 1 … G − 1 [HB][G − 1][Lr].
+__host__ __device__ constexpr size_t short_smem(int64_t Lr, int64_t dr, int HB) {
+  return size_t(HB * (Lr + dr + 32 + kShortKeys + (short_groups(Lr) - 1) * Lr) + kShortKeys) * sizeof(float);
+}
+
+// Batched block reductions of HB values (blockDim.x == kShortThreads): value h is reduced exactly as
+// one value alone would be (warp butterfly, then warp 0 over the warps' results in order), so a
+// head's result does not depend on how many heads share the block. sh: ≥ 32 · HB floats.
+template <int HB, bool MAX>
+__device__ __forceinline__ void block_reduce(float (&v)[HB], float* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kShortThreads / 32;
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    const float r = MAX ? warp_max(v[h]) : warp_sum(v[h]);
+    if (lane == 0) sh[h * 32 + warp] = r;
+  }
+  __syncthreads();
+  if (warp == 0)
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      float t = lane < nw ? sh[h * 32 + lane] : (MAX ? -__int_as_float(0x7f800000) : 0.0f);
+      t = MAX ? warp_max(t) : warp_sum(t);
+      if (lane == 0) sh[h * 32] = t;
+    }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < HB; ++h) v[h] = sh[h * 32];
+  __syncthreads();
+}
+
+// Scores, softmax and o_lat of one row with a short list (≤ kShortKeys keys) for HB heads: grid
+// (rows, H / HB), every row of the batch (a row with a longer list returns at once; the tensor-core
+// kernel takes it). HB only decides which block computes a head, never how: every per-head reduction
+// is the one HB = 1 does, so the launch picks HB by the batch and rows stay bit-identical. Every
+// reduction is ordered by list position: a key's score (lanes over latent quads, then the warp's
+// butterfly), the list's max and sum (fixed by the block size), and o (group g sums keys g, g + G, …
+// in order; the G partials are added in group order).
+template <int HB>
+__global__ void __launch_bounds__(kShortThreads) mla_short_kernel(MlaParams p) {
+  extern __shared__ float sm[];
+  pdl_wait();
+  pdl_trigger();
+  const int64_t i = blockIdx.x, h0 = int64_t(blockIdx.y) * HB, Lr = p.Lr, dr = p.dr, dn = p.dn, D = Lr + dr;
+  const KeyLists& k = p.keys;
+  const int start = k.start[i], len = start + k.cnt[i], bt = int(k.bt);
+  if (!short_list(len)) return;
+  const int G = short_groups(Lr);
+  float* qlat = sm;               // [HB][Lr]
+  float* qpe = qlat + HB * Lr;    // [HB][dr]
+  float* red = qpe + HB * dr;     // [32 · HB]
+  int32_t* rows = reinterpret_cast<int32_t*>(red + 32 * HB);      // [kShortKeys]
+  float* prob = reinterpret_cast<float*>(rows + kShortKeys);     // [HB][kShortKeys]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = kShortThreads / 32;
+  for (int h = 0; h < HB; ++h) {
+    const int64_t ih = i * p.H + h0 + h;
+    for (int64_t l = tid; l < Lr; l += kShortThreads) qlat[h * Lr + l] = p.qlat[ih * Lr + l];
+    const float* qr = p.q + ih * (dn + dr) + dn;
+    if (p.rope_inv_freq == nullptr) {
+      for (int64_t d = tid; d < dr; d += kShortThreads) qpe[h * dr + d] = qr[d];
+    } else {
+      for (int64_t j = tid; j < dr / 2; j += kShortThreads) {
+        float a = qr[2 * j], b = qr[2 * j + 1];
+        rope_pair(a, b, p.rope_inv_freq[j], p.rope_positions[i], p.rope_scaling);
+        qpe[h * dr + 2 * j] = a;
+        qpe[h * dr + 2 * j + 1] = b;
+      }
+    }
+  }
+  {
+    const int32_t* table = k.tables + k.tab[i];
+    const int32_t* vis = k.vis + k.voff[i];
+    const int32_t* wrow = k.wrow + k.base[i];
+    for (int t = tid; t < len; t += kShortThreads) rows[t] = t < start ? table[t / bt] * bt + t % bt : wrow[vis[t - start]];
+  }
+  __syncthreads();
+
+  // Scores: one warp per key, lanes over latent quads (8-byte loads), each load used by HB heads.
+  const int nq = int(Lr / 4), nqr = int(dr / 4);
+  for (int t = warp; t < len; t += nw) {
+    const uint2* k4 = reinterpret_cast<const uint2*>(p.cache + int64_t(rows[t]) * D);
+    float a[HB], b[HB];
+#pragma unroll
+    for (int h = 0; h < HB; ++h) a[h] = b[h] = 0.0f;
+#pragma unroll 4
+    for (int q = lane; q < nq; q += 32) {
+      const uint2 v = k4[q];
+      const float c0 = bf16_lo(v.x), c1 = bf16_hi(v.x), c2 = bf16_lo(v.y), c3 = bf16_hi(v.y);
+#pragma unroll
+      for (int h = 0; h < HB; ++h) {
+        const float4 ql = reinterpret_cast<const float4*>(qlat + h * Lr)[q];
+        a[h] = fmaf(ql.w, c3, fmaf(ql.z, c2, fmaf(ql.y, c1, fmaf(ql.x, c0, a[h]))));
+      }
+    }
+    for (int q = lane; q < nqr; q += 32) {
+      const uint2 v = k4[nq + q];
+      const float c0 = bf16_lo(v.x), c1 = bf16_hi(v.x), c2 = bf16_lo(v.y), c3 = bf16_hi(v.y);
+#pragma unroll
+      for (int h = 0; h < HB; ++h) {
+        const float4 qp = reinterpret_cast<const float4*>(qpe + h * dr)[q];
+        b[h] = fmaf(qp.w, c3, fmaf(qp.z, c2, fmaf(qp.y, c1, fmaf(qp.x, c0, b[h]))));
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      const float sa = warp_sum(a[h]), sb = warp_sum(b[h]);
+      if (lane == 0) prob[h * kShortKeys + t] = __fmul_rn(__fadd_rn(sa, sb), p.softmax_scale);
+    }
+  }
+  __syncthreads();
+  float mx[HB], sum[HB];
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    mx[h] = -__int_as_float(0x7f800000);
+    for (int t = tid; t < len; t += kShortThreads) mx[h] = fmaxf(mx[h], prob[h * kShortKeys + t]);
+  }
+  block_reduce<HB, true>(mx, red);
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    sum[h] = 0.0f;
+    for (int t = tid; t < len; t += kShortThreads) {
+      const float e = expf(prob[h * kShortKeys + t] - mx[h]);
+      prob[h * kShortKeys + t] = e;
+      sum[h] += e;
+    }
+  }
+  block_reduce<HB, false>(sum, red);  // (its barriers also publish e)
+
+  // o: group g = tid / per, thread = one latent quad (8-byte loads), keys g, g + G, …; each load
+  // feeds HB heads.
+  const int per = kShortThreads / G, g = tid / per, q = tid % per;
+  const bool active = g < G && q < nq;
+  float acc[HB][4];
+#pragma unroll
+  for (int h = 0; h < HB; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+  if (active) {
+#pragma unroll 4
+    for (int t = g; t < len; t += G) {
+      const uint2 v = reinterpret_cast<const uint2*>(p.cache + int64_t(rows[t]) * D)[q];
+      const float c0 = bf16_lo(v.x), c1 = bf16_hi(v.x), c2 = bf16_lo(v.y), c3 = bf16_hi(v.y);
+#pragma unroll
+      for (int h = 0; h < HB; ++h) {
+        const float pr = prob[h * kShortKeys + t];
+        acc[h][0] = fmaf(pr, c0, acc[h][0]);
+        acc[h][1] = fmaf(pr, c1, acc[h][1]);
+        acc[h][2] = fmaf(pr, c2, acc[h][2]);
+        acc[h][3] = fmaf(pr, c3, acc[h][3]);
+      }
+    }
+  }
+  float* partial = prob + HB * kShortKeys;  // [HB][G − 1][Lr]
+  if (active && g >= 1)
+#pragma unroll
+    for (int h = 0; h < HB; ++h)
+      reinterpret_cast<float4*>(partial + (h * (G - 1) + g - 1) * Lr)[q] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+  __syncthreads();
+  if (!active || g != 0) return;
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    float4 o = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+    for (int gg = 1; gg < G; ++gg) {
+      const float4 u = reinterpret_cast<const float4*>(partial + (h * (G - 1) + gg - 1) * Lr)[q];
+      o = make_float4(__fadd_rn(o.x, u.x), __fadd_rn(o.y, u.y), __fadd_rn(o.z, u.z), __fadd_rn(o.w, u.w));
+    }
+    reinterpret_cast<float4*>(p.olat + (i * p.H + h0 + h) * Lr)[q] =
+        make_float4(__fdiv_rn(o.x, sum[h]), __fdiv_rn(o.y, sum[h]), __fdiv_rn(o.z, sum[h]), __fdiv_rn(o.w, sum[h]));
   }
 }
 
@@ -152,18 +344,23 @@ __device__ __forceinline__ uint4 load8(const uint16_t* row, int c, int lim) {
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
 
-// q's B fragments for rows i0 … (grid (rows, ceil(H / kHeads)), row i0 + blockIdx.x) into
-// p.qfrag [rows][ceil(H / kHeads)][qfrag_uint4s(D)]: slot (kb, nh, lane g, t) holds head h0 + 8·nh + g
+// q's B fragments for rows i0 … (grid (rows, ceil(H / kHeads), ceil(D / 32)), row i0 + blockIdx.x,
+// k32 step blockIdx.z, a slot a thread: one round trip to memory) into p.qfrag
+// [rows][ceil(H / kHeads)][qfrag_uint4s(D)]; rows with a short list are left alone (the CUDA-core
+// kernel takes them). Slot (kb, nh, lane g, t) holds head h0 + 8·nh + g
 // at columns 32·kb + 8t … + 7 (q_lat, then q_pe rotated here when rope_inv_freq is set), split in
 // three; the k16 half s uses columns 4s, 4s + 1 (logical 2t, 2t + 1) and 4s + 2, 4s + 3 (logical
 // 2t + 8, 2t + 9) — the same permutation the A side (the cache row's 8 columns) uses.
-__global__ void __launch_bounds__(kCoreThreads) mla_qfrag_kernel(MlaParams p, int64_t i0) {
+constexpr int kQfragThreads = 64;  // a k32 step's slots: 2 head halves × 32 lanes
+__global__ void __launch_bounds__(kQfragThreads) mla_qfrag_kernel(MlaParams p, int64_t i0) {
   pdl_wait();
   pdl_trigger();
   const int64_t li = blockIdx.x, i = i0 + li, h0 = int64_t(blockIdx.y) * kHeads;
-  const int Lr = int(p.Lr), dr = int(p.dr), dn = int(p.dn), D = Lr + dr, KB = (D + 31) / 32;
+  if (short_list(p.keys.start[i] + p.keys.cnt[i])) return;
+  const int Lr = int(p.Lr), dr = int(p.dr), dn = int(p.dn), D = Lr + dr;
   uint4* out = reinterpret_cast<uint4*>(p.qfrag) + (li * gridDim.y + blockIdx.y) * qfrag_uint4s(D);
-  for (int slot = threadIdx.x; slot < KB * 64; slot += kCoreThreads) {
+  {
+    const int slot = int(blockIdx.z) * kQfragThreads + int(threadIdx.x);
     const int kb = slot / 64, nh = (slot / 32) % 2, sg = (slot % 32) >> 2, st = slot & 3;
     const int64_t h = h0 + 8 * nh + sg, ih = i * p.H + h;
     float v[8];
@@ -186,8 +383,8 @@ __global__ void __launch_bounds__(kCoreThreads) mla_qfrag_kernel(MlaParams p, in
   }
 }
 
-// Grid (rows, ceil(H / kHeads), chunks); row i = i0 + blockIdx.x. Chunk z of the row's list is the
-// keys [z·C, min(len, (z + 1)·C)), C = chunk_keys(len). One chunk: o / L into olat; more: (o, M, L)
+// Grid (rows, ceil(H / kHeads), chunks); row i = i0 + blockIdx.x, unless its list is short (then
+// mla_short_kernel's). Chunk z of the row's list is the keys [z·C, min(len, (z + 1)·C)), C = chunk_keys(len). One chunk: o / L into olat; more: (o, M, L)
 // into part [rows][H][kMaxChunks][Lr + 4] for mla_combine_kernel. FAST: D % 32 == 0 and Lr % 64 == 0
 // (K2, DeepSeek-V3): no column guards.
 template <bool FAST>
@@ -200,7 +397,7 @@ __global__ void __launch_bounds__(kCoreThreads, 2) mla_core_kernel(MlaParams p, 
   const KeyLists& k = p.keys;
   const int start = k.start[i], len = start + k.cnt[i], bt = int(k.bt);
   const int C = int(chunk_keys(len)), S = (len + C - 1) / C, z = int(blockIdx.z);
-  if (z >= S) return;
+  if (z >= S || short_list(len)) return;
   const int k0 = z * C, k1 = min(len, k0 + C);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int nq = int(qfrag_uint4s(D));
@@ -437,7 +634,7 @@ __global__ void mla_combine_kernel(MlaParams p, int64_t i0) {
   const int64_t li = blockIdx.x, i = i0 + li, h = blockIdx.y, Lr = p.Lr;
   const int len = p.keys.start[i] + p.keys.cnt[i];
   const int C = int(chunk_keys(len)), S = (len + C - 1) / C;
-  if (S <= 1) return;
+  if (S <= 1 || short_list(len)) return;
   const float* part = p.part + (li * p.H + h) * kMaxChunks * (Lr + 4);
   float M = -__int_as_float(0x7f800000);
   for (int z = 0; z < S; ++z) M = fmaxf(M, part[z * (Lr + 4) + Lr]);
@@ -497,6 +694,15 @@ __global__ void __launch_bounds__(256) wuv_kernel(MlaParams p) {
   }
 }
 
+// Every row of the batch; a head's bits never depend on HB (mla_short_kernel).
+template <int HB>
+void launch_short(const MlaParams& p, cudaStream_t s) {
+  static std::atomic<uint64_t> opted{0};  // devices whose limit has been raised
+  const size_t smem = short_smem(p.Lr, p.dr, HB);
+  if (smem > 48 * 1024) opt_in_smem(mla_short_kernel<HB>, int(kMaxSmem), opted, "cudaFuncSetAttribute(mla_short_kernel)");
+  launch("mla short", mla_short_kernel<HB>, dim3(unsigned(p.n), unsigned(p.H / HB)), dim3(kShortThreads), smem, s, p);
+}
+
 }  // namespace
 
 int64_t mla_max_keys(int64_t, int64_t) {
@@ -520,15 +726,19 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   if (p.max_keys < 1) fail("CUDA MLA: the rows' key lists are bounded by ", p.max_keys, " keys; every row attends to at least itself");
   if (p.max_keys > mla_max_keys(p.Lr, p.dr)) fail("CUDA MLA: ", p.max_keys, " keys exceed the limit of ", mla_max_keys(p.Lr, p.dr));
   const size_t smem = core_smem(p.Lr + p.dr);
-  if (smem > kMaxSmem)
-    fail("CUDA MLA: a latent row of ", p.Lr + p.dr, " columns needs ", smem, " bytes of shared memory in the core (limit ", kMaxSmem, ")");
+  if (smem > kMaxSmem || short_smem(p.Lr, p.dr, 1) > kMaxSmem)
+    fail("CUDA MLA: a latent row of ", p.Lr + p.dr, " columns needs ", std::max(smem, short_smem(p.Lr, p.dr, 1)),
+         " bytes of shared memory in the attention kernels (limit ", kMaxSmem, ")");
   // The most chunks any list of ≤ max_keys keys is cut into: a list of u ≤ kMaxChunks units has u
   // chunks, a longer one kMaxChunks — not the chunk count of a max_keys-long list itself, which is
   // smaller for max_keys past kMaxChunks units (1100 keys: 9 chunks of 128, while a 1000-key row of the
   // same launch has 16 of 64). Blocks past a row's own count return at once.
+  const bool any_long = !short_list(p.max_keys);  // (else every row is the CUDA-core kernel's)
   const int64_t chunks = std::min<int64_t>(kMaxChunks, (p.max_keys + kChunkUnit - 1) / kChunkUnit);
-  if (chunks > 1 && p.part == nullptr) fail("CUDA MLA: ", p.max_keys, " keys need the chunk partials buffer (MlaParams::part)");
-  if (p.qfrag == nullptr) fail("CUDA MLA: no q fragment buffer (MlaParams::qfrag, mla_qfrag_bytes)");
+  if (any_long && chunks > 1 && p.part == nullptr) fail("CUDA MLA: ", p.max_keys, " keys need the chunk partials buffer (MlaParams::part)");
+  if (any_long && p.qfrag == nullptr) fail("CUDA MLA: no q fragment buffer (MlaParams::qfrag, mla_qfrag_bytes)");
+  if (!p.q || !p.kv_b || !p.cache || !p.out || !p.qlat || !p.olat)
+    fail("CUDA MLA: an operand is missing (MlaParams q, kv_b, cache, out, qlat and olat must all be set)");
   // One row (a decode step) takes the one-row instantiations: the same chains, no idle row slots.
   const unsigned passes = unsigned((p.n + kRowPass - 1) / kRowPass);
   const unsigned lat_blocks = unsigned((p.Lr / 2 + 63) / 64);
@@ -536,16 +746,26 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
     launch("mla qlat", qlat_kernel<1>, dim3(unsigned(p.H), lat_blocks, 1), dim3(256), 0, s, p);
   else
     launch("mla qlat", qlat_kernel<kRowPass>, dim3(unsigned(p.H), lat_blocks, passes), dim3(256), 0, s, p);
+  // Short lists: every row in one launch (rows with a longer list return at once). Heads a block:
+  // as many as keep ≥ 256 blocks (two a multiprocessor) — each head of a block shares its key loads
+  // — a decode row keeps one a block. Speed only: HB never changes a head's bits.
+  if (p.H % 4 == 0 && p.n * p.H / 4 >= 256)
+    launch_short<4>(p, s);
+  else if (p.H % 2 == 0 && p.n * p.H / 2 >= 256)
+    launch_short<2>(p, s);
+  else
+    launch_short<1>(p, s);
+  // Longer lists, kChunkRows rows a launch (the q fragment and partials buffers hold that many): their
+  // q fragments, the core, and the combine when a list may span chunks (rows with a short list return
+  // at once; a captured graph, sized for its capacity, launches both kernels every step).
   static std::atomic<uint64_t> opted_fast{0}, opted_guarded{0};  // devices whose limit has been raised
   const bool fast = (p.Lr + p.dr) % 32 == 0 && p.Lr % 64 == 0;
   auto* core = fast ? mla_core_kernel<true> : mla_core_kernel<false>;
-  opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
-  // kChunkRows rows a launch (the q fragment and partials buffers hold that many): their q
-  // fragments, the core, and the combine when a list may span chunks.
-  const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads);
-  for (int64_t i0 = 0; i0 < p.n; i0 += kChunkRows) {
+  if (any_long) opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
+  const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads), kbs = unsigned((p.Lr + p.dr + 31) / 32);
+  for (int64_t i0 = 0; any_long && i0 < p.n; i0 += kChunkRows) {
     const int64_t rows = std::min<int64_t>(kChunkRows, p.n - i0);
-    launch("mla qfrag", mla_qfrag_kernel, dim3(unsigned(rows), head_blocks), dim3(kCoreThreads), 0, s, p, i0);
+    launch("mla qfrag", mla_qfrag_kernel, dim3(unsigned(rows), head_blocks, kbs), dim3(kQfragThreads), 0, s, p, i0);
     const dim3 grid(unsigned(rows), head_blocks, unsigned(chunks));
     launch("mla core", core, grid, dim3(kCoreThreads), smem, s, p, i0);
     if (chunks > 1) launch("mla combine", mla_combine_kernel, dim3(unsigned(rows), unsigned(p.H)), dim3(128), 0, s, p, i0);
