@@ -251,10 +251,15 @@ TEST(CudaExperts, ConfigOutOfRange) {
   p.H = 64;
   p.n = 1;
   p.max_keys = 1000;
-  float part = 0;  // (never read: the call must fail before any launch)
-  p.part = &part;
+  // Stand-ins for the operands, never read: each call must fail before any launch, and only the
+  // check under test can fire.
+  float f = 0;
+  uint16_t w = 0;
+  p.q = p.out = p.qlat = p.olat = p.part = &f;
+  p.kv_b = p.cache = &w;
   EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
   p.max_keys = 10;  // short lists need no q fragments, but the kernels still need their operands
+  p.qlat = nullptr;
   EXPECT_THROW(cuda::mla_attention(p, nullptr), Error);
 }
 

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -290,6 +292,17 @@ TEST(CudaOps, MlaAttentionShortAndLongListsInOneLaunch) {
   s.Lr = 36;
   s.softmax_scale = 1.0f / std::sqrt(32.0f);
   check_mla_case(s, chain, 52, "Lr 36, 20 heads, chain of 16 after 120 cached");
+  // Short lists only, off K2's shapes, at 2 and 4 heads a block in the batch (n · 20 / HB ≥ 256) against
+  // 1 alone: 30 rows of 61 … 90 keys (HB 2), 56 rows of 41 … 96 keys (HB 4).
+  for (const auto& [n, start, seed] : {std::tuple{30, 60, 53}, std::tuple{56, 40, 54}}) {
+    std::vector<std::vector<int32_t>> c(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t a = 0; a <= i; ++a) c[size_t(i)].push_back(a);
+    s.n = n;
+    s.start = start;
+    const std::string what = "Lr 36, 20 heads, " + std::to_string(n) + " short lists (" + std::to_string(n == 30 ? 2 : 4) + " heads a block)";
+    check_mla_case(s, c, uint32_t(seed), what.c_str());
+  }
 }
 
 // Shapes off the K2 grid: fewer heads than a block takes (the fixtures' 4), a head count that leaves a

@@ -150,7 +150,7 @@ __device__ __forceinline__ void block_reduce(float (&v)[HB], float* sh) {
 // in order; the G partials are added in group order).
 template <int HB>
 __global__ void __launch_bounds__(kShortThreads) mla_short_kernel(MlaParams p) {
-  extern __shared__ float sm[];
+  extern __shared__ __align__(16) float sm[];
   pdl_wait();
   pdl_trigger();
   const int64_t i = blockIdx.x, h0 = int64_t(blockIdx.y) * HB, Lr = p.Lr, dr = p.dr, dn = p.dn, D = Lr + dr;
@@ -302,6 +302,7 @@ constexpr int kCoreWarps = kCoreThreads / 32;
 constexpr int kTile = 256;          // keys a fold step: 16 A tiles of 16 keys, 4 a warp of each k half
 constexpr int kProbStride = kTile + 4;  // (the score stores of a warp hit 32 distinct banks)
 constexpr int kLrMax = 64 * kCoreWarps; // o: one 64-column group a warp
+static_assert(kLrMax / 4 <= kShortThreads, "mla_short_kernel's o phase takes a thread per latent quad, no loop");
 
 // Keys a chunk of a len-key list holds: whole units of kChunkUnit keys, as few as keep ≤ kMaxChunks
 // chunks. The unit is smaller than a tile so that a decode row's few blocks (a row, 16 heads, a
@@ -396,8 +397,9 @@ __global__ void __launch_bounds__(kCoreThreads, 2) mla_core_kernel(MlaParams p, 
   const int Lr = int(p.Lr), D = Lr + int(p.dr), KB = (D + 31) / 32;
   const KeyLists& k = p.keys;
   const int start = k.start[i], len = start + k.cnt[i], bt = int(k.bt);
+  if (short_list(len)) return;  // (first: chunk_keys of a list this short is not needed, nor defined at 0)
   const int C = int(chunk_keys(len)), S = (len + C - 1) / C, z = int(blockIdx.z);
-  if (z >= S || short_list(len)) return;
+  if (z >= S) return;
   const int k0 = z * C, k1 = min(len, k0 + C);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int nq = int(qfrag_uint4s(D));
@@ -633,8 +635,9 @@ __global__ void mla_combine_kernel(MlaParams p, int64_t i0) {
   pdl_trigger();
   const int64_t li = blockIdx.x, i = i0 + li, h = blockIdx.y, Lr = p.Lr;
   const int len = p.keys.start[i] + p.keys.cnt[i];
+  if (short_list(len)) return;
   const int C = int(chunk_keys(len)), S = (len + C - 1) / C;
-  if (S <= 1 || short_list(len)) return;
+  if (S <= 1) return;
   const float* part = p.part + (li * p.H + h) * kMaxChunks * (Lr + 4);
   float M = -__int_as_float(0x7f800000);
   for (int z = 0; z < S; ++z) M = fmaxf(M, part[z * (Lr + 4) + Lr]);
@@ -695,12 +698,20 @@ __global__ void __launch_bounds__(256) wuv_kernel(MlaParams p) {
 }
 
 // Every row of the batch; a head's bits never depend on HB (mla_short_kernel).
+// The > 48 KB opt-in of mla_short_kernel<HB>, once per device — for every HB on every call, not only the
+// one launched: a graph may be captured at a batch whose HB no earlier launch used (CudaTarget opts in
+// during its first, uncaptured forward, and capture never meets a first-time attribute call).
+template <int HB>
+void opt_in_short(const MlaParams& p) {
+  static std::atomic<uint64_t> opted{0};  // devices whose limit has been raised
+  if (short_smem(p.Lr, p.dr, HB) > 48 * 1024)
+    opt_in_smem(mla_short_kernel<HB>, int(kMaxSmem), opted, "cudaFuncSetAttribute(mla_short_kernel)");
+}
+
 template <int HB>
 void launch_short(const MlaParams& p, cudaStream_t s) {
-  static std::atomic<uint64_t> opted{0};  // devices whose limit has been raised
-  const size_t smem = short_smem(p.Lr, p.dr, HB);
-  if (smem > 48 * 1024) opt_in_smem(mla_short_kernel<HB>, int(kMaxSmem), opted, "cudaFuncSetAttribute(mla_short_kernel)");
-  launch("mla short", mla_short_kernel<HB>, dim3(unsigned(p.n), unsigned(p.H / HB)), dim3(kShortThreads), smem, s, p);
+  launch("mla short", mla_short_kernel<HB>, dim3(unsigned(p.n), unsigned(p.H / HB)), dim3(kShortThreads),
+         short_smem(p.Lr, p.dr, HB), s, p);
 }
 
 }  // namespace
@@ -739,6 +750,15 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   if (any_long && p.qfrag == nullptr) fail("CUDA MLA: no q fragment buffer (MlaParams::qfrag, mla_qfrag_bytes)");
   if (!p.q || !p.kv_b || !p.cache || !p.out || !p.qlat || !p.olat)
     fail("CUDA MLA: an operand is missing (MlaParams q, kv_b, cache, out, qlat and olat must all be set)");
+  static std::atomic<uint64_t> opted_fast{0}, opted_guarded{0};  // devices whose limit has been raised
+  const bool fast = (p.Lr + p.dr) % 32 == 0 && p.Lr % 64 == 0;
+  auto* core = fast ? mla_core_kernel<true> : mla_core_kernel<false>;
+  // (Every call, whether or not a row is long: a decode after a short prompt launches no core, and the
+  // graph captured next — at the capacity bound — must not be the first to set the attribute.)
+  opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
+  opt_in_short<1>(p);
+  opt_in_short<2>(p);
+  opt_in_short<4>(p);
   // One row (a decode step) takes the one-row instantiations: the same chains, no idle row slots.
   const unsigned passes = unsigned((p.n + kRowPass - 1) / kRowPass);
   const unsigned lat_blocks = unsigned((p.Lr / 2 + 63) / 64);
@@ -758,10 +778,6 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   // Longer lists, kChunkRows rows a launch (the q fragment and partials buffers hold that many): their
   // q fragments, the core, and the combine when a list may span chunks (rows with a short list return
   // at once; a captured graph, sized for its capacity, launches both kernels every step).
-  static std::atomic<uint64_t> opted_fast{0}, opted_guarded{0};  // devices whose limit has been raised
-  const bool fast = (p.Lr + p.dr) % 32 == 0 && p.Lr % 64 == 0;
-  auto* core = fast ? mla_core_kernel<true> : mla_core_kernel<false>;
-  if (any_long) opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
   const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads), kbs = unsigned((p.Lr + p.dr + 31) / 32);
   for (int64_t i0 = 0; any_long && i0 < p.n; i0 += kChunkRows) {
     const int64_t rows = std::min<int64_t>(kChunkRows, p.n - i0);
