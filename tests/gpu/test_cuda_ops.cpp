@@ -229,18 +229,29 @@ void check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<i
   }
 }
 
-// Kimi K2's attention shapes (dn 128, dr 64, dv 128, Lr 512) for n rows after `start` cached keys.
-cuda_ops::MlaShape k2_mla_shape(int64_t n, int64_t start, int64_t H) {
+// An attention shape of n rows after `start` cached keys; softmax scale 1 / sqrt(dn + dr).
+cuda_ops::MlaShape mla_shape(int64_t n, int64_t start, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t Lr) {
   cuda_ops::MlaShape s;
   s.n = n;
   s.start = start;
   s.H = H;
-  s.dn = 128;
-  s.dr = 64;
-  s.dv = 128;
-  s.Lr = 512;
-  s.softmax_scale = 1.0f / std::sqrt(192.0f);
+  s.dn = dn;
+  s.dr = dr;
+  s.dv = dv;
+  s.Lr = Lr;
+  s.softmax_scale = 1.0f / std::sqrt(float(dn + dr));
   return s;
+}
+
+// Kimi K2's attention shapes (dn 128, dr 64, dv 128, Lr 512).
+cuda_ops::MlaShape k2_mla_shape(int64_t n, int64_t start, int64_t H) { return mla_shape(n, start, H, 128, 64, 128, 512); }
+
+// The key lists of a chain of n new rows: row i sees new rows 0 … i.
+std::vector<std::vector<int32_t>> chain_lists(int64_t n) {
+  std::vector<std::vector<int32_t>> c(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int32_t a = 0; a <= i; ++a) c[size_t(i)].push_back(a);
+  return c;
 }
 
 // K2's shapes: 64 heads, 576 latent columns, 1100 cached keys (9 chunks of 128) + a tree of 5:
@@ -265,11 +276,7 @@ TEST(CudaOps, MlaAttentionLongListsFoldTiles) {
 // review: a 1000-key row beside an 1100-key one lost 7 of its chunks).
 TEST(CudaOps, MlaAttentionRowsOfDifferentChunkCounts) {
   REQUIRE_GPU();
-  cuda_ops::MlaShape s = k2_mla_shape(140, 960, 16);
-  std::vector<std::vector<int32_t>> chain(size_t(s.n));
-  for (int64_t i = 0; i < s.n; ++i)
-    for (int32_t a = 0; a <= i; ++a) chain[size_t(i)].push_back(a);
-  check_mla_case(s, chain, 41, "chain of 140 after 960 cached (9 to 16 chunks)");
+  check_mla_case(k2_mla_shape(140, 960, 16), chain_lists(140), 41, "chain of 140 after 960 cached (9 to 16 chunks)");
 }
 
 // Lists on both sides of the split between the CUDA-core kernel (≤ kShortKeys = 128 keys) and the tensor
@@ -278,30 +285,13 @@ TEST(CudaOps, MlaAttentionRowsOfDifferentChunkCounts) {
 // compares them bit for bit); Lr 36 takes the guarded tensor-core kernel beside it.
 TEST(CudaOps, MlaAttentionShortAndLongListsInOneLaunch) {
   REQUIRE_GPU();
-  std::vector<std::vector<int32_t>> chain(16);
-  for (int32_t i = 0; i < 16; ++i)
-    for (int32_t a = 0; a <= i; ++a) chain[size_t(i)].push_back(a);
-  check_mla_case(k2_mla_shape(16, 120, 64), chain, 51, "K2, chain of 16 after 120 cached (8 short, 8 long)");
-  cuda_ops::MlaShape s;
-  s.n = 16;
-  s.start = 120;
-  s.H = 20;
-  s.dn = 24;
-  s.dr = 8;
-  s.dv = 16;
-  s.Lr = 36;
-  s.softmax_scale = 1.0f / std::sqrt(32.0f);
-  check_mla_case(s, chain, 52, "Lr 36, 20 heads, chain of 16 after 120 cached");
+  check_mla_case(k2_mla_shape(16, 120, 64), chain_lists(16), 51, "K2, chain of 16 after 120 cached (8 short, 8 long)");
+  check_mla_case(mla_shape(16, 120, 20, 24, 8, 16, 36), chain_lists(16), 52, "Lr 36, 20 heads, chain of 16 after 120 cached");
   // Short lists only, off K2's shapes, at 2 and 4 heads a block in the batch (n · 20 / HB ≥ 256) against
   // 1 alone: 30 rows of 61 … 90 keys (HB 2), 56 rows of 41 … 96 keys (HB 4).
   for (const auto& [n, start, seed] : {std::tuple{30, 60, 53}, std::tuple{56, 40, 54}}) {
-    std::vector<std::vector<int32_t>> c(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i)
-      for (int32_t a = 0; a <= i; ++a) c[size_t(i)].push_back(a);
-    s.n = n;
-    s.start = start;
     const std::string what = "Lr 36, 20 heads, " + std::to_string(n) + " short lists (" + std::to_string(n == 30 ? 2 : 4) + " heads a block)";
-    check_mla_case(s, c, uint32_t(seed), what.c_str());
+    check_mla_case(mla_shape(n, start, 20, 24, 8, 16, 36), chain_lists(n), uint32_t(seed), what.c_str());
   }
 }
 
@@ -317,16 +307,7 @@ TEST(CudaOps, MlaAttentionSmallShapes) {
   for (const Case& c : {Case{4, 32, 16, 32, 32, 40, "fixture shape (4 heads, Lr 32, dr 16)"},
                         Case{20, 16, 4, 24, 32, 300, "20 heads, rows of 36 columns, 5 chunks"},
                         Case{4, 24, 8, 16, 36, 700, "Lr 36, 11 chunks"}}) {
-    cuda_ops::MlaShape s;
-    s.n = 4;
-    s.start = c.start;
-    s.H = c.H;
-    s.dn = c.dn;
-    s.dr = c.dr;
-    s.dv = c.dv;
-    s.Lr = c.Lr;
-    s.softmax_scale = 1.0f / std::sqrt(float(c.dn + c.dr));
-    check_mla_case(s, {{0}, {0, 1}, {0, 1, 2}, {0, 3}}, 31, c.what);
+    check_mla_case(mla_shape(4, c.start, c.H, c.dn, c.dr, c.dv, c.Lr), {{0}, {0, 1}, {0, 1, 2}, {0, 3}}, 31, c.what);
   }
 }
 

@@ -360,28 +360,26 @@ __global__ void __launch_bounds__(kQfragThreads) mla_qfrag_kernel(MlaParams p, i
   if (short_list(p.keys.start[i] + p.keys.cnt[i])) return;
   const int Lr = int(p.Lr), dr = int(p.dr), dn = int(p.dn), D = Lr + dr;
   uint4* out = reinterpret_cast<uint4*>(p.qfrag) + (li * gridDim.y + blockIdx.y) * qfrag_uint4s(D);
-  {
-    const int slot = int(blockIdx.z) * kQfragThreads + int(threadIdx.x);
-    const int kb = slot / 64, nh = (slot / 32) % 2, sg = (slot % 32) >> 2, st = slot & 3;
-    const int64_t h = h0 + 8 * nh + sg, ih = i * p.H + h;
-    float v[8];
+  const int slot = int(blockIdx.z) * kQfragThreads + int(threadIdx.x);
+  const int kb = slot / 64, nh = (slot / 32) % 2, sg = (slot % 32) >> 2, st = slot & 3;
+  const int64_t h = h0 + 8 * nh + sg, ih = i * p.H + h;
+  float v[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int c = kb * 32 + 8 * st + e;
-      v[e] = h >= p.H || c >= D ? 0.0f : c < Lr ? p.qlat[ih * Lr + c] : p.q[ih * (dn + dr) + dn + c - Lr];
-    }
-    if (p.rope_inv_freq != nullptr && h < p.H)
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const int c = kb * 32 + 8 * st + e;
-        if (c >= Lr && c < D) rope_pair(v[e], v[e + 1], p.rope_inv_freq[(c - Lr) / 2], p.rope_positions[i], p.rope_scaling);
-      }
-    const Split3 s0 = split3(v[0], v[1]), s1 = split3(v[2], v[3]), s2 = split3(v[4], v[5]), s3 = split3(v[6], v[7]);
-    uint4* q = out + (slot / 32) * 3 * 32 + (slot % 32);  // (kb · 2 + nh) = slot / 32
-    q[0] = make_uint4(s0.hi, s1.hi, s2.hi, s3.hi);
-    q[32] = make_uint4(s0.mid, s1.mid, s2.mid, s3.mid);
-    q[64] = make_uint4(s0.lo, s1.lo, s2.lo, s3.lo);
+  for (int e = 0; e < 8; ++e) {
+    const int c = kb * 32 + 8 * st + e;
+    v[e] = h >= p.H || c >= D ? 0.0f : c < Lr ? p.qlat[ih * Lr + c] : p.q[ih * (dn + dr) + dn + c - Lr];
   }
+  if (p.rope_inv_freq != nullptr && h < p.H)
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const int c = kb * 32 + 8 * st + e;
+      if (c >= Lr && c < D) rope_pair(v[e], v[e + 1], p.rope_inv_freq[(c - Lr) / 2], p.rope_positions[i], p.rope_scaling);
+    }
+  const Split3 s0 = split3(v[0], v[1]), s1 = split3(v[2], v[3]), s2 = split3(v[4], v[5]), s3 = split3(v[6], v[7]);
+  uint4* q = out + (slot / 32) * 3 * 32 + (slot % 32);  // (kb · 2 + nh) = slot / 32
+  q[0] = make_uint4(s0.hi, s1.hi, s2.hi, s3.hi);
+  q[32] = make_uint4(s0.mid, s1.mid, s2.mid, s3.mid);
+  q[64] = make_uint4(s0.lo, s1.lo, s2.lo, s3.lo);
 }
 
 // Grid (rows, ceil(H / kHeads), chunks); row i = i0 + blockIdx.x, unless its list is short (then
@@ -697,7 +695,6 @@ __global__ void __launch_bounds__(256) wuv_kernel(MlaParams p) {
   }
 }
 
-// Every row of the batch; a head's bits never depend on HB (mla_short_kernel).
 // The > 48 KB opt-in of mla_short_kernel<HB>, once per device — for every HB on every call, not only the
 // one launched: a graph may be captured at a batch whose HB no earlier launch used (CudaTarget opts in
 // during its first, uncaptured forward, and capture never meets a first-time attribute call).
@@ -708,6 +705,7 @@ void opt_in_short(const MlaParams& p) {
     opt_in_smem(mla_short_kernel<HB>, int(kMaxSmem), opted, "cudaFuncSetAttribute(mla_short_kernel)");
 }
 
+// Every row of the batch; a head's bits never depend on HB (mla_short_kernel).
 template <int HB>
 void launch_short(const MlaParams& p, cudaStream_t s) {
   launch("mla short", mla_short_kernel<HB>, dim3(unsigned(p.n), unsigned(p.H / HB)), dim3(kShortThreads),
