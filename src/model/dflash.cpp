@@ -311,16 +311,22 @@ DFlashDrafter::Context DFlashDrafter::new_context(int64_t max_tokens) const {
 
 void DFlashDrafter::norm_rope(const std::vector<float>& norm, float* x, int64_t n, int64_t heads, int64_t first) const {
   const int64_t hd = cfg_.head_dim, half = hd / 2;
+  std::vector<float> cs(static_cast<size_t>(2 * half));  // a position's scaled cos, then sin
   for (int64_t i = 0; i < n; ++i) {
-    // transformers forms the angle as fp32(inv_freq) × fp32(position), then scales cos/sin.
+    // transformers forms the angle as fp32(inv_freq) × fp32(position), then scales cos/sin —
+    // once a position, shared by its heads (the trigonometry was most of a small drafter's RoPE).
     const float pos = float(first + i);
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = inv_freq_[size_t(j)] * pos;
+      cs[size_t(j)] = std::cos(angle) * rope_scaling_;
+      cs[size_t(half + j)] = std::sin(angle) * rope_scaling_;
+    }
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (i * heads + h) * hd;
       cpu::rmsnorm(v, norm.data(), 1, hd, cfg_.rms_norm_eps, v);
       // Neox (half-split) rotation: pairs (v[j], v[j + half]), as transformers' rotate_half.
       for (int64_t j = 0; j < half; ++j) {
-        const float angle = inv_freq_[size_t(j)] * pos;
-        const float c = std::cos(angle) * rope_scaling_, s = std::sin(angle) * rope_scaling_;
+        const float c = cs[size_t(j)], s = cs[size_t(half + j)];
         const float a = v[j], b = v[j + half];
         v[j] = a * c - b * s;
         v[j + half] = b * c + a * s;

@@ -68,6 +68,62 @@ TEST(DraftTopK, MatchesBruteForceWithTiesZerosAndNegInf) {
   }
 }
 
+// A block's worth of rows at the trained pair's vocabulary, split across the thread pool and
+// selected by a bounded heap: rows with coarse values (many ties, so the id order decides), ±0,
+// −inf runs and an ascending row (every token displaces the kept worst) against the reference.
+TEST(DraftTopK, WideRowsAcrossThreadsMatchBruteForce) {
+  const int64_t P = 15, V = 6256;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<std::vector<float>> rows;
+  for (int64_t p = 0; p < P; ++p) {
+    std::vector<float> r(static_cast<size_t>(V));
+    for (float& v : r) v = p % 3 == 0 ? std::round(nd(rng)) : nd(rng);  // rounded: ties everywhere
+    if (p == 4)
+      for (int64_t v = 0; v < V; ++v) r[size_t(v)] = float(v);  // ascending: the heap turns over at every token
+    if (p == 7)
+      for (int64_t v = 0; v < V; ++v) r[size_t(v)] = v % 5 ? -kInf : (v % 2 ? -0.0f : 0.0f);
+    rows.push_back(r);
+  }
+  std::vector<float> flat;
+  for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
+  for (int64_t k : {int64_t(1), int64_t(16), int64_t(64), int64_t(2000)}) {
+    const DraftTopK t = draft_top_k(flat.data(), P, V, k);
+    for (size_t p = 0; p < rows.size(); ++p) {
+      std::vector<int32_t> ids;
+      std::vector<float> logp;
+      int64_t valid = 0;
+      reference(rows[p], k, &ids, &logp, &valid);
+      EXPECT_EQ(std::vector<int32_t>(t.ids.begin() + int64_t(p) * k, t.ids.begin() + int64_t(p + 1) * k), ids) << p << " k " << k;
+      EXPECT_EQ(0, std::memcmp(&t.logp[p * size_t(k)], logp.data(), size_t(k) * 4)) << p << " k " << k;
+      EXPECT_EQ(t.valid[p], valid) << p << " k " << k;
+    }
+  }
+}
+
+// Several defective rows: the error is the first position's, whatever thread would reach it first.
+TEST(DraftTopK, FirstDefectiveRowIsReported) {
+  const int64_t P = 9, V = 40;
+  std::vector<float> x(static_cast<size_t>(P * V), 1.0f);
+  x[size_t(6 * V + 3)] = std::numeric_limits<float>::quiet_NaN();
+  x[size_t(3 * V + 30)] = kInf;
+  for (int64_t v = 0; v < V; ++v) x[size_t(8 * V + v)] = -kInf;
+  try {
+    draft_top_k(x.data(), P, V, 4);
+    FAIL() << "defective rows accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("+inf at position 3, token 30"), std::string::npos) << e.what();
+  }
+  x[size_t(3 * V + 30)] = 1.0f;
+  x[size_t(6 * V + 3)] = 1.0f;
+  try {
+    draft_top_k(x.data(), P, V, 4);
+    FAIL() << "a row without a finite logit accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("position 8 has no finite logit"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DraftTopK, TreeAndChainFromTopKEqualFromLogits) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 2.0f);
