@@ -57,6 +57,12 @@ void add_serve(CLI::App& app, ServeOptions& o) {
                                                     "running streams (default 256)")
       ->transform(whole_number(o.prefill_chunk))
       ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--step-prefill-tokens", o.step_prefill_tokens,
+                "Prompt tokens of all requests together in one step (default 2048; 0 = no limit): chunks go to "
+                "prefilling requests in arrival order until it is spent, so several long prompts at once cannot "
+                "stretch the running streams' time per token past a step of this many rows")
+      ->transform(whole_number(o.step_prefill_tokens))
+      ->check(CLI::Range(0, 1 << 24));
   c->add_option("--max-queue", o.max_queue, "Waiting requests beyond which new ones get 503 + Retry-After (default 64)")
       ->transform(whole_number(o.max_queue))
       ->check(CLI::Range(0, 1 << 20));
@@ -190,6 +196,7 @@ int cmd_serve(const ServeOptions& o) {
       eo.kv_tokens = o.kv_tokens;
       eo.kv_block = o.kv_block;
       eo.prefill_chunk = o.prefill_chunk;
+      eo.step_prefill_tokens = o.step_prefill_tokens;
       eo.max_queue = o.max_queue;
       eo.prefix_cache = !o.no_prefix_cache;
       if (!o.draft.empty()) {

@@ -113,6 +113,7 @@ struct ServeOptions {
   std::string model, alias, draft, spec, host = "127.0.0.1", api_key, device = "cpu";
   int port = 8080;
   int64_t parallel = 4, ctx_size = 4096, kv_tokens = 0, kv_block = 16, prefill_chunk = 256, max_queue = 64;
+  int64_t step_prefill_tokens = 2048;
   BudgetFlags budget;
   int64_t timeout_s = 60, idle_timeout_s = 5, header_timeout_s = 30, max_body_mb = 16, max_header_kb = 64;
   int64_t shutdown_grace_s = 5;

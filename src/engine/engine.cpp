@@ -11,6 +11,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -78,7 +79,9 @@ struct Engine::Impl {
   int64_t blocks_for(const EngineSeq& s) const;
   bool try_reserve(EngineSeq& s);
   void admit();
-  bool schedule(EngineSeq& s, SeqForward& f);
+  // prefill_left: prompt rows this step may still take (EngineOptions::step_prefill_tokens; a
+  // prefilling sequence takes from it, and waits a step when it is spent).
+  bool schedule(EngineSeq& s, SeqForward& f, int64_t& prefill_left);
   void post_sample(EngineSeq& s);
   void post_kv(EngineSeq& s);
   bool commit_token(EngineSeq& s, int32_t tok, const float* lg);
@@ -122,6 +125,8 @@ Engine::Impl::Impl(const Target& t, EngineOptions o)
   if (opt.kv_block < 1) fail("engine: the KV block size must be at least 1 token (got ", opt.kv_block, ")");
   if (opt.kv_tokens < 0) fail("engine: the KV pool size (", opt.kv_tokens, " tokens) is negative");
   if (opt.prefill_chunk < 1) fail("engine: the prefill chunk must be at least 1 token (got ", opt.prefill_chunk, ")");
+  if (opt.step_prefill_tokens < 0)
+    fail("engine: the prompt tokens per step must be 0 (no limit) or more (got ", opt.step_prefill_tokens, ")");
   if (opt.max_queue < 0) fail("engine: the queue bound (", opt.max_queue, ") is negative");
   if (opt.make_drafter) {
     check_spec(opt.spec);
@@ -336,7 +341,8 @@ void Engine::Impl::ensure_rows(EngineSeq& s, int64_t rows) {
 }
 
 // This step's rows of one sequence; false when it has none.
-bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
+bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f, int64_t& prefill_left) {
+  if (s.next < 0 && prefill_left <= 0) return false;  // the step's prompt rows are spent: wait a step
   const ModelConfig& c = target.config();
   ForwardArgs& a = f.args;
   s.step_logits = true;
@@ -349,7 +355,8 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f) {
     // Prefill chunk in the target's prefill form (the CPU: expanded MLA, as generate_ar's prefill;
     // row invariance: chunks and prefix-cache hits give the one-shot prefill's latents bit for
     // bit). Logits only after the last prompt row.
-    s.step_rows = std::min(opt.prefill_chunk, s.lim.n_prompt - s.n_kv);
+    s.step_rows = std::min({opt.prefill_chunk, s.lim.n_prompt - s.n_kv, prefill_left});
+    prefill_left -= s.step_rows;
     s.step_logits = s.n_kv + s.step_rows == s.lim.n_prompt;
     a.ids = s.tokens.data() + s.n_kv;
     a.form = target.prefill_form();
@@ -683,11 +690,14 @@ void Engine::Impl::step() {
 
   std::vector<SeqForward> batch;
   std::vector<EngineSeq*> in_batch;
+  int64_t prefill_left = opt.step_prefill_tokens > 0 ? opt.step_prefill_tokens : std::numeric_limits<int64_t>::max();
+  int64_t prefill_rows = 0;
   for (auto& sp : running) {
     EngineSeq& s = *sp;
     SeqForward f;
     try {
-      schedule(s, f);
+      if (!schedule(s, f, prefill_left)) continue;
+      if (s.step_prefill) prefill_rows += s.step_rows;
     } catch (const std::exception& e) {
       s.ev.finish_reason = "error";
       s.ev.error = e.what();
@@ -764,6 +774,7 @@ void Engine::Impl::step() {
       m.step_seconds += now_s() - t_step;
       m.forward_seconds += t_fwd;
       m.forward_rows += uint64_t(rows);
+      m.max_prefill_rows = std::max(m.max_prefill_rows, prefill_rows);
     }
   }
   for (auto& sp : running) {

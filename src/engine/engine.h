@@ -38,6 +38,11 @@ struct EngineOptions {
   int64_t kv_tokens = 0;        // latent KV pool size in tokens; 0 → n_parallel × context (within the target's memory)
   int64_t kv_block = 16;        // tokens per KV block: paging and prefix-cache granularity
   int64_t prefill_chunk = 256;  // prompt tokens per sequence per step (chunked prefill)
+  // Prompt tokens of all sequences together in one step (0: no limit). Chunks go to prefilling
+  // sequences in admission order until it is spent; the rest wait a step. So several long prompts
+  // arriving at once cannot stretch a step — and every running stream's time per token — past the
+  // cost of this many rows, while one prompt alone still gets its whole chunk.
+  int64_t step_prefill_tokens = 2048;
   int64_t max_queue = 64;       // requests waiting beyond the free slots, past which submit() throws EngineFull
   bool prefix_cache = true;
   // Speculative decoding: one drafter per running sequence (drafters keep per-sequence context).
@@ -123,6 +128,7 @@ struct EngineMetrics {
   double step_seconds = 0;     // engine thread time in steps that ran a forward
   double forward_seconds = 0;  // … of which the target's forward_batch
   uint64_t forward_rows = 0;   // rows over all those forwards
+  int64_t max_prefill_rows = 0;  // the most prompt rows one step's forward has held (step_prefill_tokens bounds it)
 };
 
 // submit() when the waiting queue already holds max_queue requests (the server answers 503 with

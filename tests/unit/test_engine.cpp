@@ -162,6 +162,58 @@ TEST(Engine, LongPromptDoesNotStallARunningStream) {
   EXPECT_EQ(sink.get(0).ids.size(), 60u);
 }
 
+// Several long prompts at once share a step's prompt-row budget (step_prefill_tokens) in admission
+// order: no step's forward holds more prompt rows than the budget, while without it all four chunks
+// run together — and every output is generate_ar's either way (row invariance: how a prompt is
+// chunked and what runs beside it never change its bits).
+TEST(Engine, StepPrefillBudgetBoundsPromptRowsPerStep) {
+  const DeepseekV3& m = fixture_model("k2-int4");
+  auto cases = make_cases(m.config(), 6);
+  for (int k : {0, 1, 3, 5}) cases[size_t(k)].prompt = make_prompt(m.config(), 45 + 6 * k, k);
+  EngineOptions opt;
+  opt.n_parallel = 7;
+  opt.context = 256;
+  opt.prefill_chunk = 16;
+  for (int64_t budget : {int64_t(0), int64_t(24), int64_t(5)}) {
+    opt.step_prefill_tokens = budget;
+    Sink sink;
+    int64_t most = 0;
+    {
+      Engine eng(m, opt);
+      // A one-token request holds the engine thread in its first event until every case is queued,
+      // so all six are admitted in one step (else the first could start prefilling alone).
+      std::mutex mu;
+      std::condition_variable cv;
+      bool queued = false;
+      EngineRequest gate;
+      gate.prompt = make_prompt(m.config(), 3, 40);
+      gate.gen.max_new_tokens = 1;
+      gate.on_event = [&](const EngineEvent& ev) {
+        std::unique_lock<std::mutex> lk(mu);
+        if (!ev.ids.empty()) cv.wait(lk, [&] { return queued; });
+        return true;
+      };
+      eng.submit(std::move(gate));
+      for (size_t k = 0; k < cases.size(); ++k) submit_case(eng, sink, k, cases[k]);
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        queued = true;
+      }
+      cv.notify_all();
+      sink.wait_done(cases.size());
+      most = eng.metrics().max_prefill_rows;
+    }
+    if (budget == 0)
+      EXPECT_GE(most, 4 * 16) << "no limit: the four long prompts' chunks ran in one step";
+    else
+      EXPECT_EQ(most, budget) << "the budget is used whole and never exceeded";
+    for (size_t k = 0; k < cases.size(); ++k)
+      expect_equal_to_ar(m, cases[k], sink.get(k), cat("step_prefill_tokens ", budget, " request ", k));
+  }
+  opt.step_prefill_tokens = -1;
+  EXPECT_THROW(Engine(m, opt), Error);
+}
+
 TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutputs) {
   const DeepseekV3& m = fixture_model("k2-bf16");
   const ModelConfig& c = m.config();
