@@ -322,6 +322,7 @@ void Engine::Impl::admit() {
       if (opt.spec.auto_budget) s.budget = std::make_unique<BudgetController>(max_nodes);
       // A drafter on the target's device reads the taps where the forward leaves them.
       s.device_taps = s.n_taps > 0 && target.device_taps() && s.drafter->takes_device_taps();
+      s.stage_taps = s.device_taps && s.drafter->stages_device_taps();
       // Prefix-cache rows (only for drafters without taps) count as context the drafter has seen.
       if (s.n_kv > 0) s.drafter->append_context(nullptr, s.n_kv);
     }
@@ -446,9 +447,10 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f, int64_t& prefill_left) 
     // device drafter at once, each AR step paid the drafter's context update — a copy and nine
     // small kernel launches, ~0.06 ms where the step is 0.2 ms on the H200 — and the next draft
     // takes the whole stretch in one update instead. (The trained pair's poorest prompt on the
-    // H200: --budget auto 0.76× → 0.85× AR. The taps' copy-out still costs an AR step ~0.04 ms;
-    // a step without taps, their rows recomputed before the next draft, would not.)
-    if (s.device_taps && !s.step_ar) {
+    // H200: --budget auto 0.76× → 0.85× AR. The taps' copy-out still cost an AR step ~0.04 ms.)
+    // A drafter that stages device taps (stages_device_taps) keeps an AR step's row on the device
+    // instead: a device copy a step, the update with its next append or draft (post_kv).
+    if (s.device_taps && (!s.step_ar || s.stage_taps)) {
       a.device_taps = &s.dev_taps;
     } else {
       s.taps.resize(static_cast<size_t>(a.n * s.n_taps * c.hidden_size));
@@ -601,7 +603,10 @@ void Engine::Impl::post_kv(EngineSeq& s) {
   s.n_kv = start + tau;
   publish_blocks(s);
   if (s.dev_taps) {
-    s.drafter->append_context_device(s.dev_taps, tau, s.path.data());
+    if (s.step_ar)  // an AR step's one row (the root): staged on the device (schedule())
+      s.drafter->stage_context_device(s.dev_taps, tau);
+    else
+      s.drafter->append_context_device(s.dev_taps, tau, s.path.data());
     return;
   }
   const int64_t hid = target.config().hidden_size, width = s.n_taps * hid;

@@ -30,6 +30,8 @@ class LentDrafter final : public Drafter {
   void append_context_device(const float* taps_dev, int64_t n, const int32_t* rows) override {
     d_.append_context_device(taps_dev, n, rows);
   }
+  bool stages_device_taps() const override { return d_.stages_device_taps(); }
+  void stage_context_device(const float* taps_dev, int64_t n) override { d_.stage_context_device(taps_dev, n); }
 
  private:
   Drafter& d_;

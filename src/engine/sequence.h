@@ -30,6 +30,7 @@ struct EngineSeq {
   std::unique_ptr<Drafter> drafter;
   int64_t n_taps = 0;
   bool device_taps = false;     // the drafter reads the target's taps on the device
+  bool stage_taps = false;      // … and stages an AR step's row there (Drafter::stages_device_taps)
   // Committed rows' host taps not yet given to the drafter: appended just before it drafts, so
   // --budget auto's AR steps cost no drafter work (and a run that never drafts again, none).
   std::vector<float> pending_taps;  // [pending_rows, n_taps, hidden]

@@ -154,6 +154,8 @@ struct CudaDFlash::Impl {
   // logits [B − 1, vocab]; ids [B]; ctx_taps/ht grow with the largest append.
   float *x = nullptr, *xn = nullptr, *q = nullptr, *attn = nullptr, *h = nullptr, *scores = nullptr, *logits = nullptr;
   float *ctx_taps = nullptr, *ht = nullptr;
+  float* stage = nullptr;  // [kStageRows, taps, hidden]: staged rows waiting for the next update
+  int64_t staged = 0;
   int32_t* ids = nullptr;
   DeviceDraftTopK top_k;
 
@@ -162,6 +164,12 @@ struct CudaDFlash::Impl {
   void* alloc(size_t bytes, const char* what) { return mem.alloc(bytes, what); }
   float* fbuf(int64_t n, const char* what) { return mem.fbuf(n, what); }
   void ensure_append_rows(int64_t n);
+  void append(const float* taps_dev, int64_t n, const int32_t* rows);  // the context update itself
+  void flush_staged() {
+    const int64_t n = staged;
+    staged = 0;
+    if (n) append(stage, n, nullptr);
+  }
   void block_forward(int32_t bonus, int64_t start);  // queues the draft; logits [B − 1, vocab] in `logits`
 };
 
@@ -214,8 +222,8 @@ CudaDFlash::~CudaDFlash() = default;
 std::string CudaDFlash::name() const { return "DFlash on the GPU (" + impl_->cpu.dir() + ")"; }
 int64_t CudaDFlash::block_size() const { return impl_->cpu.config().block_size; }
 const std::vector<int32_t>& CudaDFlash::tap_layers() const { return impl_->taps_of; }
-int64_t CudaDFlash::context_len() const { return impl_->len; }
-void CudaDFlash::reset() { impl_->len = 0; }
+int64_t CudaDFlash::context_len() const { return impl_->len + impl_->staged; }
+void CudaDFlash::reset() { impl_->len = 0, impl_->staged = 0; }
 
 void CudaDFlash::append_context(const float* taps, int64_t n) {
   Impl& m = *impl_;
@@ -223,6 +231,7 @@ void CudaDFlash::append_context(const float* taps, int64_t n) {
   if (n == 0) return;
   if (!taps) fail("DFlash append_context: no taps");
   const DFlashConfig& c = m.cpu.config();
+  m.flush_staged();  // staged rows first, in order
   m.ensure_append_rows(n);
   check(cudaMemcpyAsync(m.ctx_taps, taps, size_t(n * c.n_taps() * c.hidden_size) * 4, cudaMemcpyHostToDevice, m.t.stream),
         "upload drafter taps");
@@ -231,9 +240,40 @@ void CudaDFlash::append_context(const float* taps, int64_t n) {
 
 void CudaDFlash::append_context_device(const float* taps_dev, int64_t n, const int32_t* rows) {
   Impl& m = *impl_;
-  const DFlashConfig& c = m.cpu.config();
   if (n < 0) fail("DFlash append_context: negative token count ", n);
   if (n == 0) return;
+  if (m.len + m.staged + n > m.cap)
+    fail("DFlash draft context full: ", m.len + m.staged, " + ", n, " tokens exceed the limit of ", m.cap);
+  if (!taps_dev) fail("DFlash append_context: no device taps");
+  m.flush_staged();
+  m.append(taps_dev, n, rows);
+}
+
+void CudaDFlash::stage_context_device(const float* taps_dev, int64_t n) {
+  Impl& m = *impl_;
+  if (n < 0) fail("DFlash stage_context: negative token count ", n);
+  if (n == 0) return;
+  if (m.len + m.staged + n > m.cap)
+    fail("DFlash draft context full: ", m.len + m.staged, " + ", n, " tokens exceed the limit of ", m.cap);
+  if (!taps_dev) fail("DFlash stage_context: no device taps");
+  const DFlashConfig& c = m.cpu.config();
+  const int64_t F = c.n_taps() * c.hidden_size;
+  if (n > kStageRows) {  // more than a buffer: straight in
+    m.flush_staged();
+    m.append(taps_dev, n, nullptr);
+    return;
+  }
+  if (m.staged + n > kStageRows) m.flush_staged();
+  if (!m.stage) m.stage = m.fbuf(kStageRows * F, "drafter staged taps");
+  // Queued on the target's stream: the copy reads the taps before the next forward rewrites them.
+  check(cudaMemcpyAsync(m.stage + m.staged * F, taps_dev, size_t(n * F) * 4, cudaMemcpyDeviceToDevice, m.t.stream),
+        "stage drafter taps");
+  m.staged += n;
+}
+
+void CudaDFlash::Impl::append(const float* taps_dev, int64_t n, const int32_t* rows) {
+  Impl& m = *this;
+  const DFlashConfig& c = m.cpu.config();
   if (m.len + n > m.cap) fail("DFlash draft context full: ", m.len, " + ", n, " tokens exceed the limit of ", m.cap);
   const int64_t H = c.hidden_size, F = c.n_taps() * H, kvd = c.kv_dim();
   cudaStream_t s = m.t.stream;
@@ -289,10 +329,12 @@ void CudaDFlash::Impl::block_forward(int32_t bonus, int64_t start) {
   const DFlashConfig& c = m.cpu.config();
   const int64_t B = c.block_size, H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
   const int64_t nkv = c.num_key_value_heads, hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), I = c.intermediate_size;
-  if (start != m.len) fail("DFlash drafter: block at position ", start, " but the context holds ", m.len, " tokens");
+  if (start != m.len + m.staged)
+    fail("DFlash drafter: block at position ", start, " but the context holds ", m.len + m.staged, " tokens");
   if (bonus < 0 || bonus >= V) fail("DFlash draft: bonus token ", bonus, " is outside the vocabulary [0, ", V, ")");
   if (start + B > c.max_position_embeddings)
     fail("DFlash draft: block positions up to ", start + B - 1, " exceed max_position_embeddings ", c.max_position_embeddings);
+  m.flush_staged();
   cudaStream_t s = m.t.stream;
   using cuda::Epilogue;
   // ids = [bonus, mask × (B − 1)]: the mask rows were written once at load.

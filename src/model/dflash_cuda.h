@@ -71,6 +71,11 @@ class CudaDFlash : public Drafter {
   // no host sync.
   bool takes_device_taps() const override { return true; }
   void append_context_device(const float* taps_dev, int64_t n, const int32_t* rows) override;
+  // Rows copied into a staging buffer of kStageRows (allocated at the first one) and taken in with
+  // one update before the next append, draft or a full buffer: an AR step's rows cost a device copy.
+  static constexpr int64_t kStageRows = 64;
+  bool stages_device_taps() const override { return true; }
+  void stage_context_device(const float* taps_dev, int64_t n) override;
   void reset();  // empties the context (a new sequence)
 
   struct Impl;

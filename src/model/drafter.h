@@ -40,6 +40,16 @@ class Drafter {
     (void)taps_dev, (void)n, (void)rows;
     fail("the ", name(), " drafter takes its taps on the host");
   }
+  // Optional, with takes_device_taps: rows 0 … n − 1 of taps_dev kept aside on the device (a copy,
+  // no context update) and taken in, in order, before the next append or draft — what --budget
+  // auto's AR steps hand over, so a stretch of them costs the drafter a copy a step. context_len()
+  // counts them at once. false from stages_device_taps: not offered (the engine brings such rows
+  // to the host and defers them there).
+  virtual bool stages_device_taps() const { return false; }
+  virtual void stage_context_device(const float* taps_dev, int64_t n) {
+    (void)taps_dev, (void)n;
+    fail("the ", name(), " drafter does not stage device taps");
+  }
 };
 
 }  // namespace kd

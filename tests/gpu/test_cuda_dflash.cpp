@@ -183,6 +183,66 @@ TEST(GpuDFlash, DeviceTapRowsMatchCpuDrafter) {
   }
 }
 
+// Staged rows (stage_context_device: what --budget auto's AR steps hand over) == the same rows
+// appended at once, bit for bit: singles that fill the staging buffer and flush it, a stage larger
+// than the buffer, staged rows before a direct append and before a host append, and a draft that
+// takes a partly filled buffer in. context_len counts staged rows at once.
+TEST(GpuDFlash, StagedRowsEqualDirectAppendsBitwise) {
+  REQUIRE_GPU();
+  const std::string dir = made_drafter("k2-int4", 2, 8);
+  Checkpoint ck(fixture("k2-int4"));
+  DeepseekV3 model(ck);
+  CudaTarget t(model, 64);
+  CudaDFlash staged(dir, t, 512), direct(dir, t, 512);
+  const DFlashConfig c = load_dflash_config(dir);
+  const int64_t F = c.n_taps() * c.hidden_size, rows = 260;
+  ASSERT_GT(rows, 3 * CudaDFlash::kStageRows);
+  std::vector<float> taps(static_cast<size_t>(rows * F));
+  for (size_t i = 0; i < taps.size(); ++i) taps[i] = float(std::sin(0.29 * double(i) + 1.0)) * 2.0f;
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), taps.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, taps.data(), taps.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<float> a(static_cast<size_t>((c.block_size - 1) * c.vocab_size)), b(a.size());
+  auto same_draft = [&](const char* what) {
+    ASSERT_EQ(staged.context_len(), direct.context_len()) << what;
+    staged.draft(7, staged.context_len(), a.data());
+    direct.draft(7, direct.context_len(), b.data());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << what;
+  };
+  int64_t r = 0;
+  // 150 singles: two full buffers flushed by the next stage, 22 left for the draft.
+  for (; r < 150; ++r) {
+    staged.stage_context_device(dev + r * F, 1);
+    direct.append_context_device(dev + r * F, 1, nullptr);
+    EXPECT_EQ(staged.context_len(), r + 1);
+  }
+  same_draft("singles across two buffer fills");
+  // A stage larger than the buffer goes straight in (after what is staged).
+  staged.stage_context_device(dev + r * F, 3);
+  staged.stage_context_device(dev + (r + 3) * F, CudaDFlash::kStageRows + 6);
+  direct.append_context_device(dev + r * F, CudaDFlash::kStageRows + 9, nullptr);
+  r += CudaDFlash::kStageRows + 9;
+  same_draft("a stage larger than the buffer");
+  // Staged rows, then a direct append of path rows, then staged rows and a host append.
+  staged.stage_context_device(dev + r * F, 2);
+  direct.append_context_device(dev + r * F, 2, nullptr);
+  r += 2;
+  const std::vector<int32_t> path{int32_t(r), int32_t(r + 2), int32_t(r + 3)};
+  staged.append_context_device(dev, 3, path.data());
+  direct.append_context_device(dev, 3, path.data());
+  r += 4;
+  staged.stage_context_device(dev + r * F, 5);
+  direct.append_context_device(dev + r * F, 5, nullptr);
+  staged.append_context(taps.data() + (r + 5) * F, 4);
+  direct.append_context(taps.data() + (r + 5) * F, 4);
+  same_draft("staged rows before a path append and a host append");
+  // A full context refuses a stage, naming the limit.
+  CudaDFlash small(dir, t, 4);
+  small.stage_context_device(dev, 3);
+  EXPECT_THROW(small.stage_context_device(dev, 2), Error);
+  cudaFree(dev);
+}
+
 // DDTree / DFlash chains with this drafter == AR on the GPU (tokens and logits, bitwise; T 0 and 0.8;
 // budgets 0/1/4/16; also the CPU drafter on the GPU target): CudaRound.DevicePathsEqualHostPathsAndAr.
 
