@@ -165,6 +165,14 @@ struct CudaDFlash::Impl {
   float* fbuf(int64_t n, const char* what) { return mem.fbuf(n, what); }
   void ensure_append_rows(int64_t n);
   void append(const float* taps_dev, int64_t n, const int32_t* rows);  // the context update itself
+  // The checks an append or a stage of n device rows shares; false: nothing to do (n = 0).
+  bool accepts(const float* taps_dev, int64_t n, const char* what) const {
+    if (n < 0) fail("DFlash ", what, ": negative token count ", n);
+    if (n == 0) return false;
+    if (len + staged + n > cap) fail("DFlash draft context full: ", len + staged, " + ", n, " tokens exceed the limit of ", cap);
+    if (!taps_dev) fail("DFlash ", what, ": no device taps");
+    return true;
+  }
   void flush_staged() {
     const int64_t n = staged;
     staged = 0;
@@ -240,29 +248,17 @@ void CudaDFlash::append_context(const float* taps, int64_t n) {
 
 void CudaDFlash::append_context_device(const float* taps_dev, int64_t n, const int32_t* rows) {
   Impl& m = *impl_;
-  if (n < 0) fail("DFlash append_context: negative token count ", n);
-  if (n == 0) return;
-  if (m.len + m.staged + n > m.cap)
-    fail("DFlash draft context full: ", m.len + m.staged, " + ", n, " tokens exceed the limit of ", m.cap);
-  if (!taps_dev) fail("DFlash append_context: no device taps");
+  if (!m.accepts(taps_dev, n, "append_context")) return;
   m.flush_staged();
   m.append(taps_dev, n, rows);
 }
 
 void CudaDFlash::stage_context_device(const float* taps_dev, int64_t n) {
   Impl& m = *impl_;
-  if (n < 0) fail("DFlash stage_context: negative token count ", n);
-  if (n == 0) return;
-  if (m.len + m.staged + n > m.cap)
-    fail("DFlash draft context full: ", m.len + m.staged, " + ", n, " tokens exceed the limit of ", m.cap);
-  if (!taps_dev) fail("DFlash stage_context: no device taps");
+  if (!m.accepts(taps_dev, n, "stage_context")) return;
+  if (n > kStageRows) return append_context_device(taps_dev, n, nullptr);  // more than a buffer: straight in
   const DFlashConfig& c = m.cpu.config();
   const int64_t F = c.n_taps() * c.hidden_size;
-  if (n > kStageRows) {  // more than a buffer: straight in
-    m.flush_staged();
-    m.append(taps_dev, n, nullptr);
-    return;
-  }
   if (m.staged + n > kStageRows) m.flush_staged();
   if (!m.stage) m.stage = m.fbuf(kStageRows * F, "drafter staged taps");
   // Queued on the target's stream: the copy reads the taps before the next forward rewrites them.

@@ -41,6 +41,19 @@ void reference(const std::vector<float>& row, int64_t k, std::vector<int32_t>* i
   }
 }
 
+// Every row of t (draft_top_k over `rows` at k) against the brute-force reference, bit for bit.
+void expect_reference(const DraftTopK& t, const std::vector<std::vector<float>>& rows, int64_t k) {
+  for (size_t p = 0; p < rows.size(); ++p) {
+    std::vector<int32_t> ids;
+    std::vector<float> logp;
+    int64_t valid = 0;
+    reference(rows[p], k, &ids, &logp, &valid);
+    EXPECT_EQ(std::vector<int32_t>(t.ids.begin() + int64_t(p) * k, t.ids.begin() + int64_t(p + 1) * k), ids) << p << " k " << k;
+    EXPECT_EQ(0, std::memcmp(&t.logp[p * size_t(k)], logp.data(), size_t(k) * 4)) << p << " k " << k;
+    EXPECT_EQ(t.valid[p], valid) << p << " k " << k;
+  }
+}
+
 TEST(DraftTopK, MatchesBruteForceWithTiesZerosAndNegInf) {
   const int64_t V = 64;
   std::vector<std::vector<float>> rows;
@@ -56,15 +69,7 @@ TEST(DraftTopK, MatchesBruteForceWithTiesZerosAndNegInf) {
   for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
   for (int64_t k : {int64_t(1), int64_t(5), int64_t(16), V}) {
     const DraftTopK t = draft_top_k(flat.data(), int64_t(rows.size()), V, k);
-    for (size_t p = 0; p < rows.size(); ++p) {
-      std::vector<int32_t> ids;
-      std::vector<float> logp;
-      int64_t valid = 0;
-      reference(rows[p], k, &ids, &logp, &valid);
-      EXPECT_EQ(std::vector<int32_t>(t.ids.begin() + int64_t(p) * k, t.ids.begin() + int64_t(p + 1) * k), ids) << p << " k " << k;
-      EXPECT_EQ(0, std::memcmp(&t.logp[p * size_t(k)], logp.data(), size_t(k) * 4)) << p << " k " << k;
-      EXPECT_EQ(t.valid[p], valid) << p << " k " << k;
-    }
+    expect_reference(t, rows, k);
   }
 }
 
@@ -89,15 +94,7 @@ TEST(DraftTopK, WideRowsAcrossThreadsMatchBruteForce) {
   for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
   for (int64_t k : {int64_t(1), int64_t(16), int64_t(64), int64_t(2000)}) {
     const DraftTopK t = draft_top_k(flat.data(), P, V, k);
-    for (size_t p = 0; p < rows.size(); ++p) {
-      std::vector<int32_t> ids;
-      std::vector<float> logp;
-      int64_t valid = 0;
-      reference(rows[p], k, &ids, &logp, &valid);
-      EXPECT_EQ(std::vector<int32_t>(t.ids.begin() + int64_t(p) * k, t.ids.begin() + int64_t(p + 1) * k), ids) << p << " k " << k;
-      EXPECT_EQ(0, std::memcmp(&t.logp[p * size_t(k)], logp.data(), size_t(k) * 4)) << p << " k " << k;
-      EXPECT_EQ(t.valid[p], valid) << p << " k " << k;
-    }
+    expect_reference(t, rows, k);
   }
 }
 
