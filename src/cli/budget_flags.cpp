@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "core/error.h"
+#include "decode/budget.h"
 
 namespace kd::cli {
 
@@ -47,8 +48,11 @@ void add_budget_flags(CLI::App* c, BudgetFlags& b, bool range_is_usage_error) {
                     "drafts one tree of --budget-max nodes and verifies its first N, the N that maximises expected "
                     "tokens/s from this device's verify cost (profiled at start-up, refined as it runs) and the "
                     "acceptance seen so far — or runs plain AR steps while no tree pays (a poor drafter, prose, "
-                    "T > 0). The output is the same either way. With --spec dflash, auto picks how much of the chain "
-                    "to verify, or AR steps (default there: the whole chain). At most ", kMaxTreeBudget))
+                    "T > 0). Where even a drafter that is always right could not reach ", kSpeculationGate,
+                    "× AR on this device (the start-up profile and a timed draft say; printed as 'budget gate'), it "
+                    "drafts nothing: every step is AR. The output is the same either way. With --spec dflash, auto "
+                    "picks how much of the chain to verify, or AR steps (default there: the whole chain). At most ",
+                    kMaxTreeBudget))
       ->transform(nodes_flag(true, range_is_usage_error));
   c->add_option("--budget-max", b.budget_max,
                 cat("With --budget auto (ddtree): the largest tree it drafts and may verify (default ", kDefaultBudgetMax,
@@ -98,6 +102,8 @@ nlohmann::ordered_json budget_report_json(const SpecOptions& so, const SpecStats
   j["ar_steps"] = st.ar_steps;
   j["predicted_tokens_per_s"] = st.predicted_ms > 0 ? st.predicted_tokens / st.predicted_ms * 1e3 : 0.0;
   j["measured_tokens_per_s"] = measured_ms > 0 ? double(st.accepted + st.rounds) / measured_ms * 1e3 : 0.0;
+  j["ceiling_x_ar"] = st.auto_ceiling;  // a drafter always right, × AR here (perfect_drafter_ratio)
+  j["drafts"] = st.auto_ceiling >= kSpeculationGate;
   return j;
 }
 
@@ -110,6 +116,10 @@ void print_budget_report(std::FILE* out, const SpecOptions& so, const SpecStats&
                (long long)j["budget_max"].get<int64_t>(), hist.c_str(), (long long)st.ar_steps);
   std::fprintf(out, "budget model = predicted %.2f tokens/s, measured %.2f tokens/s (draft + verify time of the rounds)\n",
                j["predicted_tokens_per_s"].get<double>(), j["measured_tokens_per_s"].get<double>());
+  if (st.auto_ceiling > 0)
+    std::fprintf(out, "budget gate  = a drafter always right would reach %.3fx AR on this device: %s\n", st.auto_ceiling,
+                 st.auto_ceiling >= kSpeculationGate ? "rounds are drafted"
+                                                     : cat("below ", kSpeculationGate, "x, every step was AR").c_str());
 }
 
 }  // namespace kd::cli

@@ -100,7 +100,7 @@ struct Config {
 };
 
 struct Sample {
-  double tps = 0, tau = 0, tau_drafted = 0;
+  double tps = 0, tau = 0, tau_drafted = 0, ceiling = 0;
   int64_t ar_steps = 0, rounds = 0;
 };
 
@@ -199,6 +199,7 @@ int cmd_bench_spec(const BenchOptions& o) {
         x.tau = s.stats.mean_tau();
         x.ar_steps = s.stats.ar_steps;
         x.rounds = s.stats.rounds;
+        x.ceiling = s.stats.auto_ceiling;
         const int64_t drafted_rounds = s.stats.rounds - s.stats.ar_steps;
         x.tau_drafted = drafted_rounds > 0 ? double(s.stats.accepted + drafted_rounds) / double(drafted_rounds) : 0;
         samples[ci].push_back(x);
@@ -238,6 +239,12 @@ int cmd_bench_spec(const BenchOptions& o) {
         for (const Sample& x : samples[ci]) rounds.push_back(double(x.rounds));
         r["ar_steps"] = median(ar_steps);  // (auto's choices follow measured costs: they vary between repetitions)
         r["rounds"] = median(rounds);
+        // A drafter always right, × AR, from each repetition's start-up profile; below
+        // kSpeculationGate that repetition drafted no round.
+        std::vector<double> ceil;
+        for (const Sample& x : samples[ci]) ceil.push_back(x.ceiling);
+        r["ceiling_x_ar"] = median(ceil);
+        r["ceiling_x_ar_runs"] = ceil;
       }
       r["exact"] = true;
       jr.push_back(r);

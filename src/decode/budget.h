@@ -64,6 +64,12 @@ struct RoundCosts {
   // (and so captured): every round then replays a graph, and its cost is a measured point, not an
   // interpolation.
   std::vector<int64_t> shapes;
+  // The ceiling of speculation here (perfect_drafter_ratio at start-up, from the profiled verify
+  // curve and a timed draft) and whether --budget auto drafts at all: false when even a drafter
+  // that is always right could not reach kSpeculationGate × AR — every round is then an AR step,
+  // without taps and without a drafter call.
+  double ceiling = 0;
+  bool speculate = true;
   void observe_verify(int64_t rows, double ms);
   void observe_draft(double ms);
 };
@@ -120,6 +126,21 @@ BudgetPlan plan_budget(const std::vector<double>& f, const VerifyCost& cost, dou
 // gains at most rate · t_draft over its time), with AR's rate it is the best tree for a probe.
 BudgetChoice best_at_rate(const std::vector<double>& f, const VerifyCost& cost, double draft_ms, double rate,
                           const PlanLimits& limits = {});
+
+// The most speculation can give on this device: the rate of a drafter that is always right — each
+// round's chain of min(N, depth) nodes all accepted, then the target's own next token — over AR's
+// 1 / cost(1), at its best N ≤ max_nodes among the allowed shapes (N + 1 rows; empty: any):
+//   max_N (1 + min(N, depth)) / (draft_ms + cost(N + 1)) · cost(1).
+// depth: the draft positions a round has (block − 1). Real drafters commit a share of that.
+double perfect_drafter_ratio(const VerifyCost& cost, double draft_ms, int64_t max_nodes, int64_t depth,
+                             const std::vector<int64_t>& shapes = {});
+// --budget auto drafts only where that ceiling is at least this. Why 1.5: a real drafter commits a
+// share of a perfect one's tokens — the trained pair at budget 16: τ 2.0–9.8 of 17 on its held-out
+// prompts (12–58 %), 6.6 median (39 %) — and at a ceiling of 1.5 it must reach two thirds of perfect
+// to break even, before the probes that would find it (a draft and a verify each: ~13 AR steps on
+// the CPU with the trained pair, whose ceiling is ~1.3 — there --budget auto measured 0.79–0.94× AR
+// with its probes, and the best fixed budget 0.53×). Below it, every step is an AR step.
+inline constexpr double kSpeculationGate = 1.5;
 
 // One sequence's --budget auto policy. Each round either drafts (at the largest budget; choose()
 // then says how many nodes to verify) or, while draft_now() is false, runs AR steps (ar_step()).

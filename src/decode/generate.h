@@ -94,6 +94,9 @@ struct SpecStats {
   std::vector<int64_t> budget_histogram;
   int64_t ar_steps = 0;                           // --budget auto: AR steps among the rounds (τ = 1 each)
   double predicted_tokens = 0, predicted_ms = 0;  // --budget auto: Σ E[τ(N)] and Σ (t_draft + cost(N + 1)) of its choices
+  // --budget auto: the rate of a drafter that is always right over AR's, on this device's start-up
+  // costs (perfect_drafter_ratio); below kSpeculationGate it drafts no round.
+  double auto_ceiling = 0;
   double mean_tau() const { return rounds ? double(accepted + rounds) / double(rounds) : 0.0; }
 };
 

@@ -92,7 +92,9 @@ struct Engine::Impl {
   void step();
   void loop();
   void refresh_metrics();
-  void init_costs();
+  void init_costs(Drafter& probe);
+  void profile_costs(Drafter& probe);
+  double time_draft(Drafter& probe);
   void defer_context(EngineSeq& s, const float* taps, int64_t rows);
   void flush_context(EngineSeq& s);
 };
@@ -128,9 +130,10 @@ Engine::Impl::Impl(const Target& t, EngineOptions o)
   if (opt.step_prefill_tokens < 0)
     fail("engine: the prompt tokens per step must be 0 (no limit) or more (got ", opt.step_prefill_tokens, ")");
   if (opt.max_queue < 0) fail("engine: the queue bound (", opt.max_queue, ") is negative");
+  std::unique_ptr<Drafter> probe;
   if (opt.make_drafter) {
     check_spec(opt.spec);
-    std::unique_ptr<Drafter> probe = opt.make_drafter();
+    probe = opt.make_drafter();
     if (!probe) fail("engine: make_drafter returned no drafter");
     draft_block = probe->block_size();
     if (draft_block < 2) fail("engine: the drafter's block size (", draft_block, ") must be at least 2");
@@ -141,22 +144,51 @@ Engine::Impl::Impl(const Target& t, EngineOptions o)
   }
   m.kv_blocks_total = pool.n_blocks();
   target.init_kv(pool.n_blocks(), pool.block_tokens());
-  if (opt.make_drafter && opt.spec.auto_budget) init_costs();
+  if (probe && opt.spec.auto_budget) init_costs(*probe);
 }
 
 // --budget auto's cost(rows): the caller's fixed table, or a micro-profile of verify forwards for
 // one sequence on a scratch stretch of the pool (its rows are garbage afterwards and go back free):
 // a tree of `rows` rows shaped like a round's (a chain as deep as the block, siblings on it), with
 // the outputs a greedy round asks of this target (argmax outputs where it has them) and the
-// drafter's taps. Online measurements of single-sequence rounds refine it (step()).
-void Engine::Impl::init_costs() {
+// drafter's taps. Online measurements of single-sequence rounds refine it (step()). Then the
+// draft's cost (time_draft) and the ceiling: whether drafting can pay here at all.
+void Engine::Impl::init_costs(Drafter& probe) {
   const int64_t max_rows = max_nodes + 1;
   if (!opt.spec.fixed_verify_ms.empty()) {
     costs.verify = VerifyCost(opt.spec.fixed_verify_ms, std::max(max_rows, opt.spec.fixed_verify_ms.back().first));
     costs.draft_ms = std::max(0.0, opt.spec.fixed_draft_ms);
     costs.draft_seen = costs.frozen = true;
-    return;
+  } else {
+    profile_costs(probe);
   }
+  costs.ceiling = perfect_drafter_ratio(costs.verify, costs.draft_ms, max_nodes, draft_block - 1, costs.shapes);
+  costs.speculate = costs.ceiling >= kSpeculationGate;
+  log_info("--budget auto: a drafter that is always right would reach ", costs.ceiling, "× AR here (draft ",
+           costs.draft_ms, " ms, cost(1) ", costs.verify.ms(1), " ms)",
+           costs.speculate ? "" : cat(" — below ", kSpeculationGate, "×, so no round is drafted: every step is AR"));
+}
+
+// The draft's cost for the ceiling: draft_tree at context 0 on the probe drafter (a draft leaves the
+// context as it is), one untimed pass then the median of nine (on the CPU with the trained pair
+// single drafts spread 1.6–2.8 ms). Context 0 makes it a lower bound —
+// a round's draft also attends to its context and takes in new rows — so the ceiling errs high:
+// a device it shuts out really cannot gain.
+double Engine::Impl::time_draft(Drafter& probe) {
+  if (probe.context_len() != 0) fail("the drafter already holds context: make_drafter must give a fresh one");
+  std::vector<float> scratch;
+  std::vector<double> ms;
+  for (int i = 0; i < 10; ++i) {
+    const double t0 = now_s();
+    draft_tree(probe, 0, 0, draft_block - 1, opt.spec, V, scratch, opt.spec.device_top_k);
+    if (i > 0) ms.push_back((now_s() - t0) * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void Engine::Impl::profile_costs(Drafter& probe) {
+  const int64_t max_rows = max_nodes + 1;
   const int64_t kb = pool.block_tokens(), rows_fit = std::min(max_rows, pool.n_blocks() * kb);
   std::vector<int32_t> blocks;
   for (int64_t r = 0; r < rows_fit; r += kb) blocks.push_back(pool.allocate());
@@ -225,12 +257,15 @@ void Engine::Impl::init_costs() {
   for (int64_t r : shown) table += cat(table.empty() ? "" : ", ", r, ": ", costs.verify.ms(r));
   log_info("--budget auto: verify cost by rows (ms) ", table, " — profiled in ", (now_s() - t0) * 1e3, " ms",
            costs.shapes.empty() ? "" : "; rounds verify the profiled sizes only (this device captures a graph per size)");
+  costs.draft_ms = time_draft(probe);  // a prior: the rounds' own drafts refine it (observe_draft)
+  costs.draft_seen = true;
 }
 
 // Host taps of committed rows wait until the drafter next drafts (flush_context); a stretch of
 // --budget auto's AR steps then costs the drafter nothing. Bounded, so a long stretch holds little.
 void Engine::Impl::defer_context(EngineSeq& s, const float* taps, int64_t rows) {
   constexpr int64_t kMaxPendingRows = 256;
+  if (s.ar_only) return;  // it never drafts
   if (s.n_taps) s.pending_taps.insert(s.pending_taps.end(), taps, taps + rows * s.n_taps * target.config().hidden_size);
   s.pending_rows += rows;
   if (s.pending_rows >= kMaxPendingRows) flush_context(s);
@@ -319,12 +354,19 @@ void Engine::Impl::admit() {
       s.n_taps = draft_taps;
       s.stats.tau_histogram.assign(size_t(draft_block + 1), 0);
       s.stats.budget_histogram.assign(size_t(max_nodes + 1), 0);
-      if (opt.spec.auto_budget) s.budget = std::make_unique<BudgetController>(max_nodes);
+      if (opt.spec.auto_budget) {
+        s.budget = std::make_unique<BudgetController>(max_nodes);
+        s.stats.auto_ceiling = costs.ceiling;
+        // Where drafting cannot pay (RoundCosts::speculate) every round is an AR step and the drafter
+        // is never asked for anything: no taps, no context.
+        s.ar_only = !costs.speculate;
+        if (s.ar_only) s.n_taps = 0;
+      }
       // A drafter on the target's device reads the taps where the forward leaves them.
       s.device_taps = s.n_taps > 0 && target.device_taps() && s.drafter->takes_device_taps();
       s.stage_taps = s.device_taps && s.drafter->stages_device_taps();
       // Prefix-cache rows (only for drafters without taps) count as context the drafter has seen.
-      if (s.n_kv > 0) s.drafter->append_context(nullptr, s.n_kv);
+      if (s.n_kv > 0 && !s.ar_only) s.drafter->append_context(nullptr, s.n_kv);
     }
     running.push_back(std::move(sp));
   }
@@ -366,7 +408,7 @@ bool Engine::Impl::schedule(EngineSeq& s, SeqForward& f, int64_t& prefill_left) 
     const int64_t start = s.n_kv;
     const int64_t L = std::min({draft_block - 1, s.lim.ctx - 1 - start, s.lim.n_max - s.n_out});
     if (L < 1) fail("internal: no draft position left at ", start);
-    s.step_ar = s.budget && !s.budget->draft_now();
+    s.step_ar = s.budget && (s.ar_only || !s.budget->draft_now());
     if (s.step_ar) {
       // --budget auto's fallback: an AR step as a round of the root alone — no drafter call, the
       // forward the AR decode step's; the row's taps still reach the drafter (post_kv), so a later

@@ -81,6 +81,7 @@ struct RequestStats {
   std::vector<int64_t> budget_histogram;  // DDTree/DFlash: [most nodes + 1], rounds that verified N nodes (0: AR steps)
   int64_t ar_steps = 0;                   // --budget auto: AR steps taken instead of rounds (counted in rounds)
   double predicted_tokens = 0, predicted_ms = 0;  // --budget auto: what its choices expected (SpecStats)
+  double auto_ceiling = 0;  // --budget auto: a drafter always right, × AR on this device (SpecStats)
 };
 
 struct EngineEvent {

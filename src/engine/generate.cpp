@@ -113,6 +113,7 @@ SpecResult run_one(const Target& target, Drafter* drafter, const std::vector<int
       st.ar_steps = s.ar_steps;
       st.predicted_tokens = s.predicted_tokens;
       st.predicted_ms = s.predicted_ms;
+      st.auto_ceiling = s.auto_ceiling;
       if (ev.finish_reason == "error") r.finish_reason = "error: " + ev.error;
       done = true;
       cv.notify_all();

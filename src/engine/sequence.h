@@ -36,6 +36,7 @@ struct EngineSeq {
   std::vector<float> pending_taps;  // [pending_rows, n_taps, hidden]
   int64_t pending_rows = 0;
   std::unique_ptr<BudgetController> budget;  // --budget auto
+  bool ar_only = false;  // --budget auto where drafting cannot pay (RoundCosts::speculate): AR steps only
 
   // This step's work.
   int64_t step_rows = 0;          // rows in the forward (0: not in this step)

@@ -22,6 +22,10 @@ def check_report(s):
     assert hist.get(0, 0) == s["ar_steps"]
     assert all(0 <= n <= s["budget_max"] for n in hist)
     assert s["predicted_tokens_per_s"] > 0 and s["measured_tokens_per_s"] > 0
+    # The gate: below a ceiling of 1.5× AR (a drafter always right) no round is drafted.
+    assert s["ceiling_x_ar"] > 0 and s["drafts"] == (s["ceiling_x_ar"] >= 1.5), s
+    if not s["drafts"]:
+        assert s["ar_steps"] == s["rounds"] and s["drafted"] == 0, s
     return hist
 
 
@@ -74,6 +78,7 @@ def test_summary_names_the_chosen_budgets():
     assert r.returncode == 0, r.stderr
     assert "budget auto" in r.stderr and "chosen N" in r.stderr and "AR steps" in r.stderr, r.stderr
     assert "predicted" in r.stderr and "measured" in r.stderr, r.stderr
+    assert "budget gate" in r.stderr and "always right" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args,code,expect", [

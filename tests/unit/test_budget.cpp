@@ -210,6 +210,27 @@ TEST(AutoBudget, PlanCapsExpectedTokensAtTheDeepestNode) {
   EXPECT_EQ(plan_budget(f, cost, 0.0, lim).best.nodes, 1);
 }
 
+// The ceiling worked by hand. cost(rows) = 1 + (rows − 1) / 4, draft 2, depth 7 (a block of 8):
+// N = 7 commits 8 tokens in 2 + 2.75 ms — 1.684 a ms, × cost(1) = 1.684; N = 3 commits 4 in
+// 3.75 ms (1.067); past the depth, more nodes add time and no token (N = 20: 8 in 8 ms).
+TEST(AutoBudget, PerfectDrafterRatioIsTheBestChainOverAR) {
+  const VerifyCost cost({{1, 1.0}, {65, 17.0}}, 65);
+  EXPECT_NEAR(perfect_drafter_ratio(cost, 2.0, 64, 7), 8.0 / 4.75, 1e-12);
+  EXPECT_NEAR(perfect_drafter_ratio(cost, 2.0, 3, 7), 4.0 / 3.75, 1e-12);   // at most 3 nodes
+  EXPECT_NEAR(perfect_drafter_ratio(cost, 0.0, 64, 64), 65.0 / 17.0, 1e-12);  // free draft, deep block: the whole curve
+  // Shapes: only rows 1, 3, 5 → N = 2 or 4: 5 tokens in 2 + 2 ms.
+  EXPECT_NEAR(perfect_drafter_ratio(cost, 2.0, 64, 7, {1, 3, 5}), 5.0 / 4.0, 1e-12);
+  // None within the tree: N = 1, as the plan does (2 tokens in 2 + 1.25 ms).
+  EXPECT_NEAR(perfect_drafter_ratio(cost, 2.0, 64, 7, {1, 99}), 2.0 / 3.25, 1e-12);
+  // The gate: a device as the CPU with the trained pair (verify rows about an AR step each, a draft of
+  // 4 AR steps) stays shut; one as the H200 (rows nearly free, a draft of 2 AR steps) opens wide.
+  EXPECT_LT(perfect_drafter_ratio(VerifyCost({{1, 0.37}, {17, 3.17}}, 17), 1.54, 16, 15), kSpeculationGate);
+  EXPECT_GT(perfect_drafter_ratio(VerifyCost({{1, 0.186}, {17, 0.34}}, 17), 0.39, 16, 15), 2 * kSpeculationGate);
+  EXPECT_THROW(perfect_drafter_ratio(cost, 2.0, 0, 7), Error);
+  EXPECT_THROW(perfect_drafter_ratio(cost, std::nan(""), 4, 7), Error);
+  EXPECT_THROW(perfect_drafter_ratio(VerifyCost({{1, 1.0}}, 1), 2.0, 4, 7), Error);
+}
+
 TEST(AutoBudget, ProfileRowsStepByAboutRootTwo) {
   EXPECT_EQ(profile_rows(1), (std::vector<int64_t>{1}));
   EXPECT_EQ(profile_rows(2), (std::vector<int64_t>{1, 2}));
@@ -520,7 +541,7 @@ TEST(AutoBudget, OutputEqualsARAndTheOraclePicksTheWholeBlock) {
 
 // A random-weight DFlash drafter is never right: after a probe or two the sequence runs AR steps
 // (the drafter still gets every token's taps, so a probe drafts with full context), and the output
-// stays AR's. Its costs: a drafter round as dear as 2 AR steps, verify as on the CPU today.
+// stays AR's. Its costs: a drafter round as dear as 2 AR steps, verify rows cheap.
 TEST(AutoBudget, RandomDrafterEndsUpInARSteps) {
   const std::string target_dir = std::string(KDTREE_FIXTURES) + "/k2-bf16";
   const std::string draft_dir =
@@ -539,7 +560,9 @@ TEST(AutoBudget, RandomDrafterEndsUpInARSteps) {
     for (bool chain : {false, true}) {
       DFlashAdapter d(draft_dir, m, 512);
       SpecOptions so = auto_spec(2.0, chain);
-      so.fixed_verify_ms = {{1, 1.0}, {2, 2.2}, {9, 8.0}, {65, 60.0}};
+      // (Verify rows cheap enough that a perfect drafter would double AR's rate: the gate is open
+      // and this tests the backoff; the gate has its own test below.)
+      so.fixed_verify_ms = {{1, 1.0}, {2, 1.3}, {9, 2.0}, {65, 8.0}};
       const SpecResult s = generate_ddtree(m, d, prompt, opt, so);
       const std::string what = cat("T=", temp, chain ? " chain" : " tree");
       expect_same(s, ar, what);
@@ -547,6 +570,80 @@ TEST(AutoBudget, RandomDrafterEndsUpInARSteps) {
       EXPECT_LE(s.stats.rounds - s.stats.ar_steps, 8) << what << ": probes";
       // The drafter saw every committed row up to its last draft (taps are handed over before it drafts).
       EXPECT_GE(d.context_len(), int64_t(prompt.size()));
+    }
+  }
+  std::filesystem::remove_all(draft_dir);
+}
+
+// Counts what the engine asks of a drafter.
+class CountingDrafter final : public Drafter {
+ public:
+  explicit CountingDrafter(Drafter& d) : d_(d) {}
+  std::string name() const override { return d_.name(); }
+  int64_t block_size() const override { return d_.block_size(); }
+  const std::vector<int32_t>& tap_layers() const override { return d_.tap_layers(); }
+  void append_context(const float* taps, int64_t n) override { appended += n, d_.append_context(taps, n); }
+  int64_t context_len() const override { return d_.context_len(); }
+  void draft(int32_t bonus, int64_t start, float* logits) override { ++drafts, d_.draft(bonus, start, logits); }
+  int64_t drafts = 0, appended = 0;
+
+ private:
+  Drafter& d_;
+};
+
+// Where even a drafter that is always right could not reach kSpeculationGate × AR (the costs of
+// the CPU with the trained pair: a verify row about an AR step, a draft of 4), --budget auto
+// drafts nothing — not even the first round — and hands the drafter no taps: every round is an AR
+// step, the output AR's. With the costs of the GPU the same oracle speculates from the start.
+TEST(AutoBudget, NoRoundIsDraftedWhereEvenAPerfectDrafterLoses) {
+  const std::string target_dir = std::string(KDTREE_FIXTURES) + "/k2-bf16";
+  const std::string draft_dir =
+      (std::filesystem::temp_directory_path() / cat("kdtree_test_budget_gate_", ::getpid())).string();
+  make_drafter(target_dir, draft_dir, 6, 2, 8, true);
+  const DeepseekV3& m = fixture_model("k2-bf16");
+  const auto prompt = prompt_for(m.config(), 4);
+  GenerateOptions opt;
+  opt.max_new_tokens = 60;
+  opt.ignore_eos = true;
+  opt.keep_logits = true;
+  const GenerateResult ar = generate_ar(m, prompt, opt);
+  std::vector<int32_t> truth = prompt;
+  truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
+  struct Device {
+    const char* name;
+    std::vector<std::pair<int64_t, double>> verify;
+    double draft;
+    bool drafts;
+  };
+  for (const Device& dev : {Device{"cpu-like", {{1, 0.37}, {17, 3.17}, {65, 12.3}}, 1.54, false},
+                            Device{"gpu-like", {{1, 0.186}, {17, 0.34}, {65, 0.69}}, 0.39, true}}) {
+    for (bool real : {false, true}) {  // an oracle (no taps) and a DFlash drafter (taps)
+      const std::string what = cat(dev.name, real ? " dflash" : " oracle");
+      SyntheticDrafter oracle(truth, SyntheticDrafter::parse_profile("oracle"), 8, m.config().vocab_size, 7);
+      DFlashAdapter dflash(draft_dir, m, 512);
+      CountingDrafter d(real ? static_cast<Drafter&>(dflash) : static_cast<Drafter&>(oracle));
+      SpecOptions so;
+      so.auto_budget = true;
+      so.budget = 64;
+      so.fixed_verify_ms = dev.verify;
+      so.fixed_draft_ms = dev.draft;
+      const SpecResult s = generate_ddtree(m, d, prompt, opt, so);
+      expect_same(s, ar, what);
+      const double want = perfect_drafter_ratio(VerifyCost(dev.verify, 65), dev.draft, 64, 7);
+      EXPECT_NEAR(s.stats.auto_ceiling, want, 1e-12) << what;
+      EXPECT_EQ(want >= kSpeculationGate, dev.drafts) << what;
+      if (!dev.drafts) {
+        EXPECT_EQ(d.drafts, 0) << what;
+        EXPECT_EQ(d.appended, 0) << what << ": an AR-only sequence feeds the drafter nothing";
+        EXPECT_EQ(s.stats.ar_steps, s.stats.rounds) << what;
+        EXPECT_EQ(s.stats.drafted, 0) << what;
+      } else if (!real) {
+        EXPECT_GT(d.drafts, 0) << what;
+        EXPECT_EQ(s.stats.ar_steps, 0) << what << ": the oracle speculates from its first round";
+      } else {
+        EXPECT_GT(d.drafts, 0) << what;
+        EXPECT_GE(d.appended, int64_t(prompt.size())) << what;
+      }
     }
   }
   std::filesystem::remove_all(draft_dir);
