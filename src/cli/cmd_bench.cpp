@@ -41,12 +41,27 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--device", o.device, "cpu (default) or cuda (GPU 0; prints the verify cost curve too)");
   c->add_flag("--json", o.json, "Print one JSON object");
   c->add_option("--serve", o.serve,
-                 "With --device cuda: the serving engine's load test instead — for each concurrency C (e.g. 1,4,16,64), "
-                 "max(8, 2C) requests of -p prompt and -n new tokens submitted at once with --parallel C: tokens/s, TTFT "
-                 "and TPOT percentiles; then TTFT of a -p-token prompt without and with a prefix-cache hit")
+                 "The serving engine's load test instead (CPU with -m DIR, or --device cuda) — for each concurrency C (e.g. "
+                 "1,4,16,64), max(8, 2C) requests of -p prompt and -n new tokens submitted at once with --parallel C: "
+                 "tokens/s, TTFT and TPOT percentiles; then TTFT of a -p-token prompt without and with a prefix-cache hit")
       ->delimiter(',')
       ->transform(whole_number(o.serve))
       ->check(CLI::Range(1, 1024));
+  c->add_option("--long-prompt", o.long_prompt,
+                "With --serve, last: the chunked-prefill test — --streams requests (prompts of -p tokens) decode, then one "
+                "prompt of this many tokens arrives; for each --prefill-chunks K, its TTFT and the streams' token gaps "
+                "(TPOT p50 before it, p50 / p99 / max while it prefills)")
+      ->transform(whole_number(o.long_prompt))
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--prefill-chunks", o.prefill_chunks,
+                "With --long-prompt: the prompt tokens a sequence prefills per step to compare (default 256,2048 and the "
+                "whole prompt; serve's --prefill-chunk, its default 256)")
+      ->delimiter(',')
+      ->transform(whole_number(o.prefill_chunks))
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--streams", o.streams, "With --long-prompt: the decoding requests it arrives among (default 8)")
+      ->transform(whole_number(o.streams))
+      ->check(CLI::Range(1, 256));
   c->add_flag("--verify-curve", o.verify_curve,
               "Also time one DDTree verify forward over N tree nodes, N = 1, 2, 4 … 64, after the prompt: cost(N)/cost(1)");
   c->add_option("--verify-sizes", o.verify_sizes,
@@ -128,12 +143,21 @@ int cmd_bench(const BenchOptions& o) {
       o.prompt_limit != 0 || o.temp != 0 || o.seed != 0)
     fail("--spec, --budget, --budget-max, --prompt-ids, --prompts, --prompt-limit, --temp and --seed are the speculative "
          "bench's: add --draft DIR");
-  if (!o.serve.empty() && o.device != "cuda") fail("--serve: the engine load test runs with --device cuda (the CPU's is bench/serve_load.py)");
+  if (o.serve.empty() && (o.long_prompt > 0 || !o.prefill_chunks.empty() || o.streams != 8))
+    fail("--long-prompt, --prefill-chunks and --streams are the --serve load test's: add --serve C (e.g. --serve 1)");
+  if (o.long_prompt == 0 && (!o.prefill_chunks.empty() || o.streams != 8))
+    fail("--prefill-chunks and --streams set up the chunked-prefill test: add --long-prompt P");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
+  if (!o.serve.empty() && o.verify_curve) fail("--verify-curve: the --serve load test has no verify curve");
   if (o.device == "cuda" && o.tp.tp > 1 && !o.serve.empty())
     fail("--tp ", o.tp.tp, " --serve: the engine load test runs one GPU target (over a tensor-parallel one it is not built)");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
+  if (!o.serve.empty()) {
+    if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
+    if (o.tp.tp > 1) fail("--tp ", o.tp.tp, " --serve: the engine load test runs one target (drop --tp)");
+    return cmd_bench_serve_cpu(o);
+  }
   if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
   if (!o.verify_sizes.empty() && !o.verify_curve) fail("--verify-sizes: add --verify-curve (on the CPU the verify curve is opt-in)");
   if (o.model.empty()) fail("bench needs -m DIR (or --device cuda --preset k2-slice)");

@@ -54,7 +54,11 @@ struct BenchOptions {
   std::string model, device = "cpu", preset;  // preset: k2-slice (random weights made on the GPU; --device cuda)
   int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
   bool json = false, verify_curve = false;
-  std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (--device cuda)
+  std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (cmd_bench_serve.cpp)
+  // … and with --long-prompt P the chunked-prefill test: --streams S decoding while P tokens arrive,
+  // at each --prefill-chunks K (empty: 256, 2048 and P).
+  int64_t long_prompt = 0, streams = 8;
+  std::vector<int64_t> prefill_chunks;
   std::vector<int64_t> verify_sizes;  // --verify-sizes: tree nodes N of the verify curve (empty: verify_sizes_or_default)
   TpFlags tp;
   // --draft DIR: the speculative bench (cmd_bench_spec.cpp) — AR against --spec ddtree|dflash at each of
@@ -75,6 +79,7 @@ void add_bench(CLI::App& app, BenchOptions& o);
 int cmd_bench(const BenchOptions& o);
 int cmd_bench_cuda(const BenchOptions& o);  // cmd_bench_cuda.cpp (CUDA builds)
 int cmd_bench_serve_cuda(const BenchOptions& o);  // cmd_bench_serve.cpp: `bench --device cuda --serve …`
+int cmd_bench_serve_cpu(const BenchOptions& o);   // … and `bench -m DIR --serve …` on the CPU
 
 struct TreeOptions {
   std::string logits;

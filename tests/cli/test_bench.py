@@ -49,3 +49,39 @@ def test_bench_verify_sizes():
     assert 0 < r.returncode < 128 and "--verify-curve" in r.stderr, r.stderr
     r = kdtree("bench", "-m", MODEL, "--verify-curve", "--verify-sizes", "0")
     assert r.returncode == 2 and "--verify-sizes" in r.stderr, r.stderr
+
+
+def test_bench_serve_on_the_cpu_with_the_chunked_prefill_test():
+    # The engine's load test on the CPU (-m DIR) and, last, one long prompt arriving among decoding
+    # streams at three prefill chunks. What must hold whatever the timings: the levels' request
+    # counts, the long prompt prefilled in ceil(P / K) steps (a step holds one chunk of it), so the
+    # streams saw at least that many token gaps while it prefilled — one step, one gap each, at the
+    # whole-prompt chunk.
+    P, S = 300, 3
+    r = kdtree("bench", "-m", MODEL, "--serve", "1,2", "-p", 16, "-n", 8, "-r", 1, "--long-prompt", P,
+               "--prefill-chunks", "16,64,1000", "--streams", S, "--json", ok=True)
+    out = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    assert out["device"] == "cpu"
+    assert [(l["concurrency"], l["requests"]) for l in out["levels"]] == [(1, 8), (2, 8)]
+    assert all(l["tokens_per_s"] > 0 and l["tpot_p50_ms"] > 0 for l in out["levels"])
+    lp = out["long_prompt"]
+    assert lp["tokens"] == P and lp["streams"] == S
+    runs = {x["prefill_chunk"]: x for x in lp["runs"]}
+    assert sorted(runs) == [16, 64, P], runs  # a chunk above P is the whole prompt
+    for k, x in runs.items():
+        steps = -(-P // k)
+        assert x["ttft_ms"] > 0 and x["tpot_before_p50_ms"] > 0, x
+        assert steps <= x["steps_during"] <= steps + 2, (k, x)
+        assert x["gaps_during"] >= S * (steps - 1), (k, x)
+        assert x["tpot_during_p50_ms"] <= x["tpot_during_p99_ms"] <= x["tpot_during_max_ms"] + 1e-9, x
+    assert runs[P]["gaps_during"] <= 2 * S, runs[P]
+    assert "| prefill chunk | long prompt TTFT ms |" in r.stdout
+
+
+def test_bench_serve_flags_are_checked():
+    for args, expect in [(["--long-prompt", "64"], "add --serve"),
+                         (["--serve", "1", "--prefill-chunks", "16"], "add --long-prompt"),
+                         (["--serve", "1", "--verify-curve"], "no verify curve"),
+                         (["--serve", "1", "--long-prompt", "300000"], "holds")]:
+        r = kdtree("bench", "-m", MODEL, "-p", 8, "-n", 4, *args)
+        assert r.returncode != 0 and expect in r.stderr, (args, r.stderr)
