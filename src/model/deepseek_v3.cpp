@@ -414,7 +414,8 @@ void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, c
   head_work = H * ((dn + dv) * Lr + head_work);
   const int64_t head_grain = head_work >= (int64_t(1) << 16) ? 1 : H;
   ThreadPool::global().parallel_for(H, head_grain, [&](int64_t h0, int64_t h1) {
-    std::vector<float> wkv, qlat(static_cast<size_t>(Lr)), olat(static_cast<size_t>(Lr)), p;
+    std::vector<float> wkv, qlat(static_cast<size_t>(Lr)), olat(static_cast<size_t>(Lr)), p, d1, d2;
+    std::vector<const float*> k1, k2;  // each key's two score operands (dot_f32_rows: 16 keys' trees at once)
     for (int64_t h = h0; h < h1; ++h) {
       if (any_absorbed) {
         wkv.resize(static_cast<size_t>((dn + dv) * Lr));
@@ -431,22 +432,35 @@ void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, c
           const int64_t len = int64_t(ki.size());
           float* o = &attn[size_t((b * H + h) * dv)];
           float mx = -std::numeric_limits<float>::infinity();
+          // A key's score: (q_nope · k_nope + q_pe · k_pe) · scale, each dot in dot_f32's order.
+          auto scores = [&](const float* q1, int64_t n1) {
+            d1.resize(size_t(len));
+            d2.resize(size_t(len));
+            cpu::dot_f32_rows(q1, k1.data(), len, n1, d1.data());
+            cpu::dot_f32_rows(qi + dn, k2.data(), len, dr, d2.data());
+            for (int64_t t = 0; t < len; ++t) {
+              p[size_t(t)] = (d1[size_t(t)] + d2[size_t(t)]) * softmax_scale_;
+              mx = std::max(mx, p[size_t(t)]);
+            }
+          };
+          k1.resize(size_t(len));
+          k2.resize(size_t(len));
           if (f.args.form == AttnForm::expanded) {
             const std::vector<float>& kb = kvb[sq];
             for (int64_t t = 0; t < len; ++t) {
               const int64_t s = ki[size_t(t)];
-              const float* ks = &kb[size_t((s * H + h) * (dn + dv))];
-              p[size_t(t)] = (cpu::dot_f32(qi, ks, dn) + cpu::dot_f32(qi + dn, cache.row(layer, s) + Lr, dr)) * softmax_scale_;
-              mx = std::max(mx, p[size_t(t)]);
+              k1[size_t(t)] = &kb[size_t((s * H + h) * (dn + dv))];
+              k2[size_t(t)] = cache.row(layer, s) + Lr;
             }
+            scores(qi, dn);
             float sum = 0;
             for (int64_t t = 0; t < len; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
             std::fill(o, o + dv, 0.0f);
             for (int64_t t = 0; t < len; ++t) {
-              const float ps = p[size_t(t)] / sum;
-              const float* vs = &kb[size_t((int64_t(ki[size_t(t)]) * H + h) * (dn + dv) + dn)];
-              for (int64_t d = 0; d < dv; ++d) o[d] += ps * vs[d];
+              p[size_t(t)] /= sum;
+              k1[size_t(t)] += dn;  // the key's value row
             }
+            cpu::accumulate_rows(p.data(), k1.data(), len, dv, o);
             continue;
           }
           // Absorbed: q_lat = W_UKᵀ q_nope attends over the latent directly; W_UV applies after the sum.
@@ -454,18 +468,15 @@ void DeepseekV3::attention(int64_t layer, const std::vector<SeqForward>& seqs, c
           for (int64_t d = 0; d < dn; ++d)
             for (int64_t l = 0; l < Lr; ++l) qlat[size_t(l)] += qi[d] * wkv[size_t(d * Lr + l)];
           for (int64_t t = 0; t < len; ++t) {
-            const float* ks = cache.row(layer, ki[size_t(t)]);
-            p[size_t(t)] = (cpu::dot_f32(qlat.data(), ks, Lr) + cpu::dot_f32(qi + dn, ks + Lr, dr)) * softmax_scale_;
-            mx = std::max(mx, p[size_t(t)]);
+            k1[size_t(t)] = cache.row(layer, ki[size_t(t)]);
+            k2[size_t(t)] = k1[size_t(t)] + Lr;
           }
+          scores(qlat.data(), Lr);
           float sum = 0;
           for (int64_t t = 0; t < len; ++t) sum += (p[size_t(t)] = std::exp(p[size_t(t)] - mx));
           std::fill(olat.begin(), olat.end(), 0.0f);
-          for (int64_t t = 0; t < len; ++t) {
-            const float ps = p[size_t(t)] / sum;
-            const float* ks = cache.row(layer, ki[size_t(t)]);
-            for (int64_t l = 0; l < Lr; ++l) olat[size_t(l)] += ps * ks[l];
-          }
+          for (int64_t t = 0; t < len; ++t) p[size_t(t)] /= sum;
+          cpu::accumulate_rows(p.data(), k1.data(), len, Lr, olat.data());  // k1: the keys' latent rows
           for (int64_t d = 0; d < dv; ++d) o[d] = cpu::dot_f32(&wkv[size_t((dn + d) * Lr)], olat.data(), Lr);
         }
       }

@@ -141,6 +141,36 @@ TEST(LinearRows, ShortF32DotsFollowTheLaneOrder) {
         << "n " << n;
 }
 
+TEST(LinearRows, ManyShortDotsAtOnceEqualDotF32BitForBit) {
+  // dot_f32_rows (attention scores: 16 rows' halving trees at once) against dot_f32 and the scalar
+  // lane order, for the head sizes and around them, counts that leave a ragged last group, rows
+  // anywhere in memory (pointers, not a stride), and values whose sums depend on the order: ±0
+  // (a −0 product plus +0 is +0), huge and tiny magnitudes, infinities.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 15);
+  const float special[] = {0.0f, -0.0f, 1e30f, -1e30f, 1e-30f, 3e38f, -3e38f, INFINITY};
+  for (int64_t n : {1, 16, 31, 32, 33, 63, 64, 65, 96, 128, 130}) {
+    for (int64_t count : {1, 5, 15, 16, 17, 40}) {
+      std::vector<float> x(static_cast<size_t>(n)), data(static_cast<size_t>(count * (n + 3)));
+      for (auto& v : x) v = pick(rng) == 0 ? special[pick(rng) % 8] : nd(rng);
+      for (auto& v : data) v = pick(rng) == 0 ? special[pick(rng) % 8] : nd(rng) * (pick(rng) == 1 ? 1e6f : 1.0f);
+      std::vector<const float*> rows;
+      for (int64_t j = 0; j < count; ++j) rows.push_back(&data[size_t(((j * 7) % count) * (n + 3) + (j % 3))]);
+      std::vector<float> out(size_t(count), -1.0f);
+      cpu::dot_f32_rows(x.data(), rows.data(), count, n, out.data());
+      for (int64_t j = 0; j < count; ++j) {
+        const float want = cpu::dot_f32(x.data(), rows[size_t(j)], n);
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[size_t(j)]), std::bit_cast<uint32_t>(want)) << "n " << n << " count " << count << " row " << j;
+        const float ref = lanes_reference(x.data(), rows[size_t(j)], n);
+        if (!std::isnan(ref)) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(out[size_t(j)]), std::bit_cast<uint32_t>(ref)) << "n " << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(LinearRows, Int4OtherGroupsBitIdenticalAloneOrAmong33) {
   // 64 and 128 take the tiled path too; 16 and 96 (not a power of two) the fused/staged ones.
   for (int32_t g : {16, 64, 96, 128}) check_every_batch_width(make_matrix(19, 384, true, g, uint32_t(300 + g)), 9);

@@ -1,5 +1,6 @@
 #include "backend/cpu/dot.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -57,6 +58,98 @@ float dot_f32(const float* w, const float* x, int64_t n) {
     a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
   }
   return finish4(a0, a1, a2, a3, w + i, x, i, n);
+}
+
+namespace {
+
+// One row's 64 lanes as dot_f32 forms them (its loop, then finish4's masked tail), folded by
+// reduce64's first step to 16: (a0 + a2) + (a1 + a3).
+inline __m512 lanes16(const float* w, const float* x, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  const int64_t r = n - i;
+  __m512* a[4] = {&a0, &a1, &a2, &a3};
+  for (int j = 0; j < 4 && 16 * j < r; ++j) {
+    const int64_t left = r - 16 * j;
+    const __mmask16 mk = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    *a[j] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, w + i + 16 * j), _mm512_maskz_loadu_ps(mk, x + i + 16 * j), *a[j], mk);
+  }
+  return _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+}
+
+// The rest of reduce64 for 16 rows at once: lane k of the result is reduce64's sum of v[k]. Its
+// steps — lanes j + j+8, then j + j+4, j + j+2, j + j+1 — as vertical adds of registers whose
+// lanes were shuffled into place, pairing the same operands: the same sums bit for bit.
+inline __m512 tree16(const __m512* v) {
+  __m512 w[8], x[4], y[2];
+  for (int m = 0; m < 8; ++m)  // j + j+8: halves of two rows side by side
+    w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int p = 0; p < 4; ++p)  // j + j+4: 128-bit quarter k of x[p] is row 4p + k
+    x[p] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int r = 0; r < 2; ++r)  // j + j+2 within each quarter
+    y[r] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * r], x[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(x[2 * r], x[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // j + j+1: lane 4k + i holds row 4i + k; put row k in lane k.
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+}  // namespace
+
+void dot_f32_rows(const float* x, const float* const* rows, int64_t count, int64_t n, float* out) {
+  for (int64_t j0 = 0; j0 < count; j0 += 16) {
+    const int64_t m = std::min<int64_t>(16, count - j0);
+    __m512 v[16];
+    for (int64_t k = 0; k < 16; ++k) v[k] = k < m ? lanes16(x, rows[j0 + k], n) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(out + j0, m >= 16 ? __mmask16(0xffff) : __mmask16((1u << m) - 1), tree16(v));
+  }
+}
+
+namespace {
+
+// accumulate_rows over elements [d0, d0 + 16 R) (the last register ragged by its mask): R sums in
+// registers across all the rows.
+template <int R>
+void accumulate_block(const float* w, const float* const* rows, int64_t count, int64_t n, int64_t d0, float* out) {
+  __m512 acc[R];
+  __mmask16 mk[R];
+  for (int j = 0; j < R; ++j) {
+    const int64_t left = n - d0 - 16 * j;
+    mk[j] = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    acc[j] = _mm512_maskz_loadu_ps(mk[j], out + d0 + 16 * j);
+  }
+  for (int64_t t = 0; t < count; ++t) {
+    const __m512 wt = _mm512_set1_ps(w[t]);
+    const float* r = rows[t] + d0;
+    for (int j = 0; j < R; ++j) acc[j] = _mm512_mask3_fmadd_ps(wt, _mm512_maskz_loadu_ps(mk[j], r + 16 * j), acc[j], mk[j]);
+  }
+  for (int j = 0; j < R; ++j) _mm512_mask_storeu_ps(out + d0 + 16 * j, mk[j], acc[j]);
+}
+
+}  // namespace
+
+void accumulate_rows(const float* w, const float* const* rows, int64_t count, int64_t n, float* out) {
+  for (int64_t d0 = 0; d0 < n; d0 += 128) {  // up to 8 registers a pass over the rows
+    switch (std::min<int64_t>(8, (n - d0 + 15) / 16)) {
+      case 1: accumulate_block<1>(w, rows, count, n, d0, out); break;
+      case 2: accumulate_block<2>(w, rows, count, n, d0, out); break;
+      case 3: accumulate_block<3>(w, rows, count, n, d0, out); break;
+      case 4: accumulate_block<4>(w, rows, count, n, d0, out); break;
+      case 5: accumulate_block<5>(w, rows, count, n, d0, out); break;
+      case 6: accumulate_block<6>(w, rows, count, n, d0, out); break;
+      case 7: accumulate_block<7>(w, rows, count, n, d0, out); break;
+      default: accumulate_block<8>(w, rows, count, n, d0, out); break;
+    }
+  }
 }
 
 void dot_f32_2x2(const float* w0, const float* w1, const float* x0, const float* x1, int64_t n, float* out) {
@@ -130,6 +223,15 @@ float dot_f32(const float* w, const float* x, int64_t n) {
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] = std::fma(w[i + j], x[i + j], acc[j]);
   return finish(acc, w + i, x, i, n);
+}
+
+void dot_f32_rows(const float* x, const float* const* rows, int64_t count, int64_t n, float* out) {
+  for (int64_t j = 0; j < count; ++j) out[j] = dot_f32(x, rows[j], n);
+}
+
+void accumulate_rows(const float* w, const float* const* rows, int64_t count, int64_t n, float* out) {
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t d = 0; d < n; ++d) out[d] += w[t] * rows[t][d];
 }
 
 void dot_f32_2x2(const float* w0, const float* w1, const float* x0, const float* x1, int64_t n, float* out) {

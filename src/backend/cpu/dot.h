@@ -12,6 +12,16 @@ namespace kd::cpu {
 
 float dot_f32(const float* w, const float* x, int64_t n);
 float dot_bf16(const uint16_t* w, const float* x, int64_t n);
+// out[j] = dot_f32(x, rows[j], n) for j < count, bit for bit: each row keeps dot_f32's 64 lanes,
+// and the halving tree runs on 16 rows at once (reduce64's steps as vertical adds between shuffled
+// registers) — the short dots of attention scores (64 and 32 elements a head), where a dot_f32 per
+// key spent as much on its reduction and call as on its products.
+void dot_f32_rows(const float* x, const float* const* rows, int64_t count, int64_t n, float* out);
+// out[d] = fma(w[t], rows[t][d], out[d]) for t = 0 … count − 1 in order, d < n — attention's
+// weighted sum of value rows, each element's FMAs in order of t as the loop `out[d] += w[t] ·
+// rows[t][d]` compiles where FMA exists (contracted), with the sums held in registers across the
+// rows instead of stored and reloaded for every row (a store-to-load chain that bound prefill).
+void accumulate_rows(const float* w, const float* const* rows, int64_t count, int64_t n, float* out);
 // out = {w0·x0, w0·x1, w1·x0, w1·x1}, each bit-identical to dot_f32 (shared loads: ~2× the FLOP rate).
 void dot_f32_2x2(const float* w0, const float* w1, const float* x0, const float* x1, int64_t n, float* out);
 // words: [n / 8] packed nibbles (LSB first, value − 8); scales: bf16 [n / group].
