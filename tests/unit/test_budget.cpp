@@ -490,6 +490,18 @@ SpecOptions auto_spec(double draft_ms, bool chain = false) {
   return so;
 }
 
+// AR's run of `prompt`, and the whole sequence it makes (what a synthetic drafter that knows the
+// continuation is given).
+struct ArTruth {
+  GenerateResult ar;
+  std::vector<int32_t> truth;
+};
+ArTruth ar_truth(const DeepseekV3& m, const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
+  ArTruth r{generate_ar(m, prompt, opt), prompt};
+  r.truth.insert(r.truth.end(), r.ar.output_ids.begin(), r.ar.output_ids.end());
+  return r;
+}
+
 void expect_same(const SpecResult& s, const GenerateResult& ar, const std::string& what) {
   ASSERT_EQ(s.gen.output_ids, ar.output_ids) << what;
   EXPECT_EQ(s.gen.finish_reason, ar.finish_reason) << what;
@@ -606,9 +618,7 @@ TEST(AutoBudget, NoRoundIsDraftedWhereEvenAPerfectDrafterLoses) {
   opt.max_new_tokens = 60;
   opt.ignore_eos = true;
   opt.keep_logits = true;
-  const GenerateResult ar = generate_ar(m, prompt, opt);
-  std::vector<int32_t> truth = prompt;
-  truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
+  const auto [ar, truth] = ar_truth(m, prompt, opt);
   struct Device {
     const char* name;
     std::vector<std::pair<int64_t, double>> verify;
@@ -658,9 +668,7 @@ TEST(AutoBudget, ProfiledCostsKeepTheOutput) {
   opt.max_new_tokens = 40;
   opt.ignore_eos = true;
   opt.keep_logits = true;
-  const GenerateResult ar = generate_ar(m, prompt, opt);
-  std::vector<int32_t> truth = prompt;
-  truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
+  const auto [ar, truth] = ar_truth(m, prompt, opt);
   SyntheticDrafter d(truth, {1.0}, 8, m.config().vocab_size, 1);
   SpecOptions so;
   so.auto_budget = true;

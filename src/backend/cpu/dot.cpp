@@ -32,54 +32,51 @@ bool dot_int4_supported(int64_t n, int32_t group) { return n % kLanes == 0 && gr
 namespace {
 using lanes::reduce64;  // the same halving tree as finish(), on registers
 
-// finish() on registers: tail element i (< 64 of them) into lane i mod 64 by a masked FMA (the
-// same correctly rounded fma per lane; masked-off lanes keep their sums), then the same tree. Short
-// dots (a 16-wide attention head) were dominated by finish()'s 63 scalar adds.
-inline float finish4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, const float* w_tail, const float* x, int64_t i, int64_t n) {
+// finish()'s tail on registers: element i (< 64 of them) into lane i mod 64 by a masked FMA (the
+// same correctly rounded fma per lane; masked-off lanes keep their sums). Short dots (a 16-wide
+// attention head) were dominated by finish()'s 63 scalar adds.
+inline void tail4(__m512& a0, __m512& a1, __m512& a2, __m512& a3, const float* w_tail, const float* x, int64_t i, int64_t n) {
   const int64_t r = n - i;
-  if (r == 0) return reduce64(a0, a1, a2, a3);
   __m512* a[4] = {&a0, &a1, &a2, &a3};
   for (int j = 0; j < 4 && 16 * j < r; ++j) {
     const int64_t left = r - 16 * j;
     const __mmask16 mk = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
     *a[j] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, w_tail + 16 * j), _mm512_maskz_loadu_ps(mk, x + i + 16 * j), *a[j], mk);
   }
+}
+
+// finish() on registers: the tail, then the same tree.
+inline float finish4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, const float* w_tail, const float* x, int64_t i, int64_t n) {
+  tail4(a0, a1, a2, a3, w_tail, x, i, n);
   return reduce64(a0, a1, a2, a3);
+}
+
+// dot_f32's 64 lanes of w · x: element i into lane i mod 64 in order of i (whole chunks, then the tail).
+inline void lanes64(const float* w, const float* x, int64_t n, __m512& a0, __m512& a1, __m512& a2, __m512& a3) {
+  a0 = a1 = a2 = a3 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  tail4(a0, a1, a2, a3, w + i, x, i, n);
 }
 }  // namespace
 
 float dot_f32(const float* w, const float* x, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
-  }
-  return finish4(a0, a1, a2, a3, w + i, x, i, n);
+  __m512 a0, a1, a2, a3;
+  lanes64(w, x, n, a0, a1, a2, a3);
+  return reduce64(a0, a1, a2, a3);
 }
 
 namespace {
 
-// One row's 64 lanes as dot_f32 forms them (its loop, then finish4's masked tail), folded by
-// reduce64's first step to 16: (a0 + a2) + (a1 + a3).
+// One row's 64 lanes as dot_f32 forms them, folded by reduce64's first step to 16: (a0 + a2) + (a1 + a3).
 inline __m512 lanes16(const float* w, const float* x, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
-  }
-  const int64_t r = n - i;
-  __m512* a[4] = {&a0, &a1, &a2, &a3};
-  for (int j = 0; j < 4 && 16 * j < r; ++j) {
-    const int64_t left = r - 16 * j;
-    const __mmask16 mk = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-    *a[j] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, w + i + 16 * j), _mm512_maskz_loadu_ps(mk, x + i + 16 * j), *a[j], mk);
-  }
+  __m512 a0, a1, a2, a3;
+  lanes64(w, x, n, a0, a1, a2, a3);
   return _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
 }
 
