@@ -149,13 +149,10 @@ int cmd_bench(const BenchOptions& o) {
     fail("--prefill-chunks and --streams set up the chunked-prefill test: add --long-prompt P");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
   if (!o.serve.empty() && o.verify_curve) fail("--verify-curve: the --serve load test has no verify curve");
-  if (o.device == "cuda" && o.tp.tp > 1 && !o.serve.empty())
-    fail("--tp ", o.tp.tp, " --serve: the engine load test runs one GPU target (over a tensor-parallel one it is not built)");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.serve.empty()) {
     if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");
-    if (o.tp.tp > 1) fail("--tp ", o.tp.tp, " --serve: the engine load test runs one target (drop --tp)");
     return cmd_bench_serve_cpu(o);
   }
   if (!o.preset.empty()) fail("--preset ", o.preset, ": presets are benchmarked on the GPU only (--device cuda)");

@@ -62,9 +62,6 @@ BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const c
   if (!o.preset.empty() && o.preset != "k2-slice") fail("--preset ", o.preset, ": unknown (the GPU benchmark preset is k2-slice)");
   if (o.preset.empty() && o.model.empty()) fail(what, " needs -m DIR or --preset k2-slice");
   if (!cuda_device_available()) fail("--device cuda: ", cuda_device_name());
-  if (o.tp.tp > 1 && o.preset.empty())
-    fail("--tp ", o.tp.tp, " -m DIR: ", what, " runs one GPU target (over a tensor-parallel one it is not built; "
-         "`bench --device cuda -m DIR --tp R` without --serve times the tensor-parallel target's forward)");
   if (!o.tp.devices.empty())
     fail("--devices: ", what, " runs on GPU 0 (pick another with CUDA_VISIBLE_DEVICES; --devices applies with -m DIR --tp R)");
   const uint64_t limit = uint64_t(o.tp.gpu_memory_limit_gib * double(1ull << 30));
@@ -98,7 +95,6 @@ namespace {
 // 1 and 17 rows among R ranks on this GPU, timed alone (the emulation's SharedDeviceComm), times the
 // 2 a layer a step makes; over NCCL (a GPU a rank) it is not timed here.
 int bench_cuda_tp(const BenchOptions& o) {
-  if (!o.serve.empty()) fail("--tp ", o.tp.tp, " --serve: the engine load test runs one GPU target");
   const std::vector<int64_t> nodes = verify_sizes_or_default(o);
   const int64_t cap = o.n_prompt + std::max<int64_t>(o.n_gen, *std::max_element(nodes.begin(), nodes.end()) + 1) + 2;
   const LoadedTarget lt("cuda", o.model, o.tp, cap);

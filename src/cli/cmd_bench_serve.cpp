@@ -1,6 +1,7 @@
 // `kdtree bench --serve C1,C2,…`: the serving engine's load test (the Engine over the target —
 // everything `kdtree serve` runs but HTTP and the tokenizer), on the CPU (-m DIR) or the GPU
-// (--device cuda: the paged CUDA target; --preset k2-slice: random weights made on the GPU).
+// (--device cuda: the paged CUDA target; --preset k2-slice: random weights made on the GPU), and with
+// --tp R over the tensor-parallel target (R CPU ranks, or one rank a GPU of --devices) as serve --tp R.
 // For each concurrency C: max(8, 2C) requests of -p random prompt tokens and -n new tokens
 // (greedy, ignore_eos) submitted at once to an engine with --parallel C; tokens/s over the level,
 // TTFT (submit → first token) and TPOT ((done − first) / (tokens − 1)) percentiles. Then TTFT of a
@@ -17,11 +18,13 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
+#include "model/deepseek_v3_tp.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "cli/bench_cuda.h"
 #include "model/deepseek_v3_cuda.h"
@@ -317,7 +320,12 @@ int bench_serve(const Target& t, const std::string& label, const std::string& de
 int cmd_bench_serve_cpu(const BenchOptions& o) {
   if (o.model.empty()) fail("bench --serve needs -m DIR (or --device cuda --preset k2-slice)");
   Checkpoint ck(o.model);
+  check_tp_flags(o.tp, false, ck.config());
   const DeepseekV3 model(ck);
+  if (o.tp.tp > 1) {  // the engine over R in-process ranks, as `serve --tp R` runs it
+    const DeepseekV3Tp tp(ck, o.tp.tp);
+    return bench_serve(tp, o.model, cat("cpu, tensor parallel over ", o.tp.tp, " ranks"), o);
+  }
   return bench_serve(model, o.model, "cpu", o);
 }
 
@@ -330,6 +338,14 @@ int cmd_bench_serve_cuda(const BenchOptions&) {
 #else
 
 int cmd_bench_serve_cuda(const BenchOptions& o) {
+  if (o.tp.tp > 1 && !o.preset.empty())
+    fail("--preset ", o.preset, " --tp ", o.tp.tp, " --serve: the preset times one rank's share, which no engine serves alone; "
+         "the load test under tensor parallelism needs the whole target: -m DIR --tp R");
+  if (o.tp.tp > 1) {  // a tensor-parallel target from the checkpoint, as serve --tp R makes it
+    if (o.model.empty()) fail("bench --device cuda --serve --tp ", o.tp.tp, " needs -m DIR");
+    const LoadedTarget lt("cuda", o.model, o.tp, 1);
+    return bench_serve(lt.target(), o.model, lt.target().device(), o);
+  }
   // A one-row cache to start with: each engine replaces it by its paged pool.
   BenchTarget bt = load_bench_target(o, 1, "bench --device cuda --serve");
   return bench_serve(*bt.target, bt.label, cuda_device_name(), o);

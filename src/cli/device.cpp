@@ -152,6 +152,15 @@ LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int
     auto weights = std::make_shared<const CudaDFlashWeights>(host);
     make = [weights, g, max_tokens] { return std::make_unique<CudaDFlash>(weights, *g, max_tokens); };
   }
+  if (auto* tp = dynamic_cast<const CudaTpTarget*>(tp_.get())) {
+    // Beside a tensor-parallel target the drafter runs on rank 0's GPU, from its device taps, with the
+    // whole lm_head uploaded there (no rank holds it whole).
+    CudaTarget* g = &tp->draft_rank(model_->lm_head());
+    auto weights = std::make_shared<const CudaDFlashWeights>(host);
+    make = [weights, g, max_tokens] { return std::make_unique<CudaDFlash>(weights, *g, max_tokens); };
+    log_info("drafter on GPU ", tp->devices()[0], " beside tensor-parallel rank 0, with the whole lm_head there (+",
+             double(model_->lm_head().bytes()) / 1e9, " GB)");
+  }
 #endif
   if (!make) {
     const DeepseekV3* m = model_.get();

@@ -83,6 +83,11 @@ class CudaTarget final : public Target {
   // weights and the workspace estimate); max_kv_tokens is the smaller of this and the free-memory rule.
   // Negative: no cap (the default).
   void cap_kv_bytes(int64_t bytes);
+  // A tensor-parallel rank holds only its vocabulary rows of lm_head; a GPU drafter beside it (it
+  // shares the target's lm_head) needs them all: uploads the whole matrix (the unsharded checkpoint's
+  // lm_head, [vocab, hidden]) once more beside the rank's slice — done once, later calls return — and
+  // takes its bytes from the KV cap where one is set. Refused when it cannot fit, with the numbers.
+  void add_draft_lm_head(const Weight& lm_head);
   int64_t max_keys() const;  // longest key list one row may attend to (the context, within the attention's int32 positions)
 
   // Bytes a forward over these rows must read at least: every weight it touches once (experts: the

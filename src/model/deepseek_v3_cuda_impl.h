@@ -40,6 +40,10 @@ struct CudaTarget::Impl {
   int64_t kv_cap_bytes = -1;  // CudaTarget::cap_kv_bytes (negative: no cap)
   uint16_t* embed = nullptr;  // bf16 [vocab, hidden]
   cuda::DevMatrix lm_head;
+  // Every vocabulary row of lm_head for a GPU drafter beside a tensor-parallel rank, whose own
+  // lm_head holds only its rows (CudaTarget::add_draft_lm_head; empty otherwise).
+  cuda::DevMatrix full_lm_head;
+  const cuda::DevMatrix& draft_lm_head() const { return full_lm_head.w ? full_lm_head : lm_head; }
   float* final_norm = nullptr;
   float* inv_freq = nullptr;
   std::vector<DevLayer> layers;

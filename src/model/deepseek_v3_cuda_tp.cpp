@@ -152,7 +152,6 @@ void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardSta
   std::vector<std::vector<std::vector<float>>> am_vals(seqs.size());
   for (size_t sq = 0; sq < seqs.size(); ++sq) {
     const ForwardArgs& a = seqs[sq].args;
-    if (a.device_taps) fail("forward: the tensor-parallel GPU target brings taps to the host (it offers no device taps)");
     const int64_t k = a.all_logits ? a.n : 1;
     if (a.argmax_ids) {
       am_ids[sq].assign(size_t(R), std::vector<int32_t>(size_t(k)));
@@ -160,7 +159,7 @@ void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardSta
     }
     for (int32_t r = 0; r < R; ++r) {
       ForwardArgs& b = per[size_t(r)][sq].args;
-      if (r > 0) b.taps = nullptr, b.tap_layers = nullptr;  // the residual stream is replicated: rank 0's
+      if (r > 0) b.taps = nullptr, b.tap_layers = nullptr, b.device_taps = nullptr;  // the residual stream is replicated: rank 0's
       if (a.argmax_ids) {
         b.argmax_ids = am_ids[sq][size_t(r)].data();
         b.argmax_vals = am_vals[sq][size_t(r)].data();
@@ -205,6 +204,14 @@ void CudaTpTarget::forward_batch(const std::vector<SeqForward>& seqs, ForwardSta
   }
   if (stats)
     for (const ForwardStats& s : st) stats->weight_bytes += s.weight_bytes;
+}
+
+bool CudaTpTarget::device_taps() const { return ranks_[0]->device_taps(); }
+
+CudaTarget& CudaTpTarget::draft_rank(const Weight& lm_head) const {
+  set_device(devices_[0]);
+  ranks_[0]->add_draft_lm_head(lm_head);
+  return *ranks_[0];
 }
 
 void CudaTpTarget::logits_row(int64_t seq, int64_t row, float* out) const {

@@ -8,14 +8,16 @@
 //
 // Outputs: host logits — each rank downloads its vocabulary columns; argmax outputs — each rank's
 // (value, index) over its rows of lm_head, combined on the host with sample()'s greedy rule; taps —
-// rank 0's, on the host (a DFlash drafter beside it runs on the CPU: the GPU drafter shares the target's
-// lm_head, which no rank holds whole).
+// rank 0's (the residual stream is replicated), on the host or left on rank 0's GPU (device_taps), where
+// a GPU DFlash drafter reads them: draft_rank() gives it rank 0 with the whole lm_head uploaded beside
+// the rank's slice (the drafter shares the target's lm_head, which no rank holds whole).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/weight.h"
 #include "io/checkpoint.h"
 #include "model/target.h"
 
@@ -45,6 +47,7 @@ class CudaTpTarget final : public Target {
   ~CudaTpTarget() override;
 
   int32_t ranks() const { return int32_t(ranks_.size()); }
+  const std::vector<int32_t>& devices() const { return devices_; }  // rank r's GPU
   const CudaTarget& rank(int32_t r) const { return *ranks_[size_t(r)]; }
   bool shared_device() const { return shared_ != nullptr; }
 
@@ -58,6 +61,12 @@ class CudaTpTarget final : public Target {
   AttnForm prefill_form() const override { return AttnForm::absorbed; }
   bool supports(AttnForm form) const override { return form == AttnForm::absorbed; }
   bool device_argmax() const override { return true; }
+  bool device_taps() const override;  // rank 0's taps stay on its GPU when asked
+  // Rank 0, where a GPU drafter (CudaDFlash) runs beside the target: its stream, embedding and device
+  // taps, and `lm_head` (the unsharded checkpoint's, [vocab, hidden]) uploaded whole to its GPU once
+  // (CudaTarget::add_draft_lm_head: + vocab × hidden × 2 bytes on GPU devices()[0]). The current device
+  // is left at rank 0's.
+  CudaTarget& draft_rank(const Weight& lm_head) const;
   void forward_batch(const std::vector<SeqForward>& seqs, ForwardStats* stats = nullptr) const override;
   void logits_row(int64_t seq, int64_t row, float* out) const override;
   void keep_rows(const KvView& kv, int64_t start, const std::vector<int32_t>& path) const override;

@@ -5,6 +5,7 @@
 // scale); every MLP's gate and up rows are interleaved (row 2j = gate j, 2j+1 = up j) so one warp
 // sees both and writes silu(gate)·up directly; a layer's routed experts lie back to back at a
 // fixed stride, indexed by expert id.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -249,6 +250,25 @@ CudaTarget::CudaTarget(const DeepseekV3& model, int64_t max_tokens, Progress* pr
   }
   m.finish_layer_bytes();
   check(cudaDeviceSynchronize(), "weight upload");
+}
+
+void CudaTarget::add_draft_lm_head(const Weight& lm_head) {
+  Impl& m = *impl_;
+  if (m.full_lm_head.w || m.lm_rows == m.cfg.vocab_size) return;  // done, or this target holds every row
+  if (lm_head.rows != m.cfg.vocab_size || lm_head.cols != m.cfg.hidden_size)
+    fail(lm_head.name, ": a GPU drafter needs the whole lm_head [", m.cfg.vocab_size, ", ", m.cfg.hidden_size, "], got [",
+         lm_head.rows, ", ", lm_head.cols, "]");
+  check_weight(lm_head);
+  const uint64_t bytes = uint64_t(lm_head.rows) * (row_bytes(lm_head) + row_scale_bytes(lm_head));
+  const int64_t free_b = free_device_bytes();
+  if (int64_t(bytes) + (int64_t(1) << 30) > free_b)
+    fail("a GPU drafter beside tensor-parallel rank 0 needs the whole lm_head on that GPU (", double(bytes) / 1e9,
+         " GB) and 1 GB to spare, but only ", double(free_b) / 1e9,
+         " GB are free there after the weights: use more ranks (--tp) or GPUs with more memory");
+  Uploader up{m, nullptr};
+  m.full_lm_head = up.matrix(lm_head);
+  if (m.kv_cap_bytes >= 0) m.kv_cap_bytes = std::max<int64_t>(0, m.kv_cap_bytes - int64_t(bytes));
+  check(cudaDeviceSynchronize(), "drafter lm_head upload");
 }
 
 CudaTarget::CudaTarget(const ModelConfig& cfg, int64_t max_tokens, uint64_t seed, bool int4_experts)

@@ -140,7 +140,7 @@ const DFlashDrafter& CudaDFlashWeights::host() const { return *impl_->host; }
 uint64_t CudaDFlashWeights::device_bytes() const { return impl_->bytes; }
 
 struct CudaDFlash::Impl {
-  CudaTarget::Impl& t;  // embedding, lm_head and stream are the target's
+  CudaTarget::Impl& t;  // embedding, lm_head (draft_lm_head: every row) and stream are the target's
   std::shared_ptr<const CudaDFlashWeights> weights;
   const DFlashDrafter& cpu;  // config (the shared host drafter; its weights stay in the mmap)
   std::vector<int32_t> taps_of;
@@ -195,6 +195,9 @@ CudaDFlash::CudaDFlash(std::shared_ptr<const CudaDFlashWeights> weights, CudaTar
   Impl& m = *impl_;
   const DFlashConfig& c = m.cpu.config();
   check_fits_target(c, m.t.cfg, m.cpu.dir() + "/config.json", /*warn=*/false);
+  if (m.t.draft_lm_head().rows != c.vocab_size)
+    fail("CUDA drafter ", m.cpu.dir(), ": its target holds ", m.t.draft_lm_head().rows, " of the ", c.vocab_size,
+         " rows of lm_head (a tensor-parallel rank): CudaTarget::add_draft_lm_head must upload the whole matrix first");
   const CudaDFlashWeights::Impl& W = m.weights->impl();
   if (int dev = 0; cudaGetDevice(&dev) == cudaSuccess && dev != W.device)
     fail("CUDA drafter ", m.cpu.dir(), ": its weights are on device ", W.device, ", but the current device is ", dev);
@@ -357,7 +360,7 @@ void CudaDFlash::Impl::block_forward(int32_t bonus, int64_t start) {
   }
   // Position 0 (the bonus token) predicts nothing new: logits for positions 1 … B − 1 only.
   cuda::rmsnorm(m.x + H, H, m.final_norm, B - 1, H, c.rms_norm_eps, m.xn, H, s);
-  cuda::linear(m.t.lm_head, m.xn, H, B - 1, m.logits, V, Epilogue::store, s);
+  cuda::linear(m.t.draft_lm_head(), m.xn, H, B - 1, m.logits, V, Epilogue::store, s);
   // As DFlashDrafter::draft: × output_multiplier, then c·tanh(logits / c).
   if (c.output_multiplier != 1.0 || c.final_logit_softcapping > 0)
     cuda::scale_softcap(m.logits, (B - 1) * V, float(c.output_multiplier), float(c.final_logit_softcapping), s);

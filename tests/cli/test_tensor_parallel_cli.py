@@ -75,3 +75,17 @@ def test_bench_times_the_tp_target_from_a_checkpoint_with_the_reductions_share(R
     assert "tensor_parallel_comm" not in one and "comm_ms" not in one["verify_curve"][0]
     text = kdtree("bench", "-m", d, "-p", "8", "-n", "4", "-r", "1", "--tp", R, ok=True).stdout
     assert f"tensor parallel over {R} CPU ranks: 6 reductions a step; rank 0 spends" in text, text
+
+
+def test_bench_serve_runs_the_engine_over_the_tp_target():
+    # The engine's load test under --tp R: every level's requests are served by the engine over R CPU
+    # ranks (what `serve --tp R` runs), and the output says which target it was; an R the model cannot
+    # be split into is refused before loading, as in run.
+    import json
+    r = kdtree("bench", "-m", FIXTURES / "k2-bf16", "--serve", "1,2", "-p", 8, "-n", 4, "-r", 1, "--tp", 2, "--json", ok=True)
+    out = json.loads(r.stdout[r.stdout.index("\n{") + 1:])
+    assert out["device"] == "cpu, tensor parallel over 2 ranks"
+    assert [(l["concurrency"], l["requests"]) for l in out["levels"]] == [(1, 8), (2, 8)]
+    assert all(l["tokens_per_s"] > 0 and l["tpot_p50_ms"] > 0 for l in out["levels"])
+    bad = kdtree("bench", "-m", FIXTURES / "k2-bf16", "--serve", "1", "-p", 8, "-n", 4, "--tp", 3, ok=False)
+    assert "num_attention_heads" in bad.stderr, bad.stderr

@@ -7,7 +7,9 @@
 // - the prompt's logits agree with the CPU's tensor-parallel target (model/deepseek_v3_tp.h) at the same R
 //   (HF fixtures: the GPU-vs-CPU tolerance of test_cuda_model.cpp, 1e-2 of the largest logit — bf16 KV,
 //   other kernels) and with the unsharded GPU target (1e-4: only the partial sums' order differs), and
-//   the first token is the same.
+//   the first token is the same;
+// - a GPU DFlash drafter beside rank 0 (draft_rank: the whole lm_head uploaded there) keeps DDTree == AR
+//   with no tap row leaving the GPU, and drafts what the CPU drafter drafts from the same taps.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,6 +32,9 @@
 #include "model/deepseek_v3_cuda.h"
 #include "model/deepseek_v3_cuda_tp.h"
 #include "model/deepseek_v3_tp.h"
+#include "model/dflash.h"
+#include "model/dflash_cuda.h"
+#include "model/make_drafter.h"
 #include "model/make_model.h"
 #include "tp_test_model.h"
 
@@ -172,6 +177,83 @@ TEST_P(CudaTp, PromptLogitsMatchCpuTpAndOneGpu) {
       EXPECT_EQ(a.output_ids, b.output_ids);
     }
   }
+}
+
+// The GPU drafter under tensor parallelism: on rank 0's GPU, fed rank 0's device taps, its lm_head the
+// whole matrix uploaded beside the rank's vocabulary slice. DDTree with it == AR on the TP target (tree
+// and chain, T = 0 and seeded T > 0, and --budget auto's AR steps, whose taps are staged on the device),
+// no tap row reaching the host; its draft logits == the CPU drafter's over the unsharded model's lm_head
+// on the same taps within the drafter tests' 1e-4 (a drafter that read rank 0's slice alone would be
+// off in every column past it); the upload happens once; a rank without the whole lm_head is refused.
+TEST_P(CudaTp, GpuDrafterBesideRankZeroKeepsDDTreeExact) {
+  REQUIRE_GPU();
+  const std::string dir = dir_of(GetParam());
+  const int32_t R = GetParam().R;
+  const CudaTpTarget& tp = gpu_tp(dir, R);
+  const ModelConfig& c = tp.config();
+  const fs::path ddir = fs::temp_directory_path() / cat("kdtree-gpu-tp-drafter-", getpid(), "-", GetParam().model);
+  if (!fs::exists(ddir / "config.json")) make_drafter(dir, ddir.string(), 5, 2, 8, /*force=*/true);
+  Checkpoint ck(dir);
+  DeepseekV3 whole(ck);
+  CudaTarget& r0 = tp.draft_rank(whole.lm_head());
+  const uint64_t resident = r0.device_weight_bytes();
+  EXPECT_EQ(&tp.draft_rank(whole.lm_head()), &r0);
+  EXPECT_EQ(r0.device_weight_bytes(), resident) << "the whole lm_head is uploaded once";
+  const auto host = DFlashDrafter::load(ddir.string(), whole.config());
+  const auto weights = std::make_shared<const CudaDFlashWeights>(host);
+  if (R > 1) {
+    EXPECT_THROW(CudaDFlash(weights, const_cast<CudaTarget&>(tp.rank(1)), 64), Error) << "rank 1 holds a slice of lm_head";
+  }
+  ASSERT_TRUE(tp.device_taps());
+
+  const auto prompt = prompt_for(c, 9, 2);
+  for (auto [temp, seed] : {std::pair{0.0f, uint64_t(0)}, std::pair{0.8f, uint64_t(3)}}) {
+    GenerateOptions opt;
+    opt.max_new_tokens = 40;
+    opt.ignore_eos = true;
+    opt.keep_logits = true;
+    opt.sampling.temperature = temp;
+    opt.sampling.seed = seed;
+    const GenerateResult ar = generate_ar(tp, prompt, opt);
+    for (int mode = 0; mode < 3; ++mode) {
+      SpecOptions so;
+      so.chain = mode == 1;
+      so.budget = mode == 1 ? 0 : 12;
+      if (mode == 2) {  // auto: AR steps (staged taps) with probes between them
+        so.auto_budget = true;
+        so.budget = 16;
+        so.fixed_verify_ms = {{1, 1.0}, {2, 1.3}, {9, 2.0}, {65, 8.0}};
+        so.fixed_draft_ms = 2.0;
+      }
+      CudaDFlash d(weights, r0, 256);
+      const uint64_t before = r0.host_tap_rows();
+      const SpecResult s = generate_ddtree(tp, d, prompt, opt, so);
+      const std::string what = cat(GetParam().model, " R=", R, " T=", temp, " mode ", mode);
+      ASSERT_EQ(s.gen.output_ids, ar.output_ids) << what;
+      ASSERT_EQ(s.gen.logits, ar.logits) << what;
+      EXPECT_EQ(r0.host_tap_rows(), before) << what << ": a tap row came to the host";
+      EXPECT_GT(s.stats.rounds, 0) << what;
+    }
+  }
+
+  // Draft logits from the same host taps: GPU drafter on rank 0 vs the CPU drafter over the whole model.
+  CudaDFlash g(weights, r0, 64);
+  DFlashDrafter::Context ctx = host->new_context(64);
+  const DFlashConfig& dc = host->config();
+  const int64_t F = dc.n_taps() * dc.hidden_size, rows = 11;
+  std::vector<float> taps(static_cast<size_t>(rows * F));
+  for (size_t i = 0; i < taps.size(); ++i) taps[i] = float(std::sin(0.29 * double(i))) * 2.0f;
+  host->append_context(ctx, taps.data(), rows);
+  g.append_context(taps.data(), rows);
+  std::vector<int32_t> block(static_cast<size_t>(dc.block_size), dc.mask_token_id);
+  block[0] = 3;
+  std::vector<float> cpu(static_cast<size_t>((dc.block_size - 1) * dc.vocab_size)), got(cpu.size());
+  host->draft(ctx, block.data(), whole.embedding(), whole.lm_head(), cpu.data());
+  g.draft(3, g.context_len(), got.data());
+  const double e = rel_err(got, cpu);
+  std::printf("  %s R=%d: GPU drafter on rank 0 vs CPU drafter %.2e\n", GetParam().model, R, e);
+  EXPECT_LE(e, 1e-4);
+  fs::remove_all(ddir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTp,
