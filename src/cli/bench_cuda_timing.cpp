@@ -102,7 +102,9 @@ double timed_prefill_ms(CudaTarget& t, const std::vector<int32_t>& prompt) {
 std::vector<double> timed_decode_ms(CudaTarget& t, int32_t first_token, int64_t steps, bool graph) {
   CudaTarget::Impl& m = t.impl();
   if (m.size + steps > m.cap) fail("decode benchmark: ", m.size, " + ", steps, " rows exceed the cache (", m.cap, ")");
-  m.upload_own(&first_token, 1, nullptr, nullptr, false, true, false);
+  // The graphed layout (vcap = n² = 1 visible-list slot before the block table), which decode_step's run(1, 1, …)
+  // reads; a causal row leaves its slot unused.
+  m.upload_own(&first_token, 1, nullptr, nullptr, false, true, /*graphed=*/true);
   check(cudaStreamSynchronize(m.stream), "upload token");
   cudaGraph_t g = nullptr;
   cudaGraphExec_t exec = nullptr;

@@ -29,6 +29,11 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--preset", o.preset,
                 "k2-slice: Kimi K2's exact shapes with 12 layers (1 dense + 11 MoE), INT4 experts, random weights made on "
                 "the GPU (--device cuda)");
+  c->add_option("--preset-layers", o.preset_layers,
+                "k2-slice with L layers instead of 12 (1 dense + L − 1 MoE, K2's shapes each): 6 fit an 80 GB H100 "
+                "(the 12 need ≈ 116 GB); the floors are the L-layer model's")
+      ->transform(whole_number(o.preset_layers))
+      ->check(CLI::Range(1, 61));
   c->add_option("-p,--n-prompt", o.n_prompt, "Prompt tokens for the prefill test")
       ->transform(whole_number(o.n_prompt))
       ->check(CLI::Range(1, 1 << 20));
@@ -149,6 +154,7 @@ int cmd_bench(const BenchOptions& o) {
     fail("--prefill-chunks and --streams set up the chunked-prefill test: add --long-prompt P");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
   if (!o.serve.empty() && o.verify_curve) fail("--verify-curve: the --serve load test has no verify curve");
+  if (o.preset_layers > 0 && o.preset.empty()) fail("--preset-layers sets the k2-slice preset's depth: add --preset k2-slice");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.serve.empty()) {

@@ -39,9 +39,10 @@ double median(std::vector<double> v) {
 // `ranks` tensor-parallel ranks computes (model/tp_plan.h) — its heads, its slice of every MLP's
 // intermediate dimension, its lm_head rows; the latent projections, router and KV unsplit — so its
 // kernels are exactly a rank's, without the reductions (timed apart).
-ModelConfig k2_slice_config(int32_t ranks = 1) {
+// K2's shapes with `layers` layers (the first dense, as K2's first_k_dense_replace = 1; 0: the preset's 12).
+ModelConfig k2_slice_config(int32_t ranks, int64_t layers) {
   nlohmann::json j = nlohmann::json::parse(preset_config_json("k2"));
-  j["num_hidden_layers"] = 12;
+  j["num_hidden_layers"] = layers > 0 ? layers : 12;
   if (ranks > 1) {
     const TpPlan p = plan_tp(parse_model_config(j.dump(), "preset k2-slice"), ranks);
     j["num_attention_heads"] = p.heads_per_rank;
@@ -67,12 +68,13 @@ BenchTarget load_bench_target(const BenchOptions& o, int64_t max_tokens, const c
   const uint64_t limit = uint64_t(o.tp.gpu_memory_limit_gib * double(1ull << 30));
   BenchTarget b;
   if (!o.preset.empty()) {
-    const ModelConfig cfg = k2_slice_config(o.tp.tp);
+    const ModelConfig cfg = k2_slice_config(o.tp.tp, o.preset_layers);
     check_gpu_memory_plan(cfg, {0}, limit, max_tokens, cat("bench --device cuda --preset ", o.preset));
     log_info("making k2-slice's random weights on the GPU …");
     b.target = std::make_unique<CudaTarget>(cfg, max_tokens, 1234, true);
-    b.label = o.tp.tp > 1 ? cat("k2-slice, one rank of TP ", o.tp.tp, " (random, INT4 g32 experts)")
-                          : std::string("k2-slice (random, INT4 g32 experts)");
+    const std::string depth = o.preset_layers > 0 ? cat(", ", o.preset_layers, " layers") : std::string();
+    b.label = o.tp.tp > 1 ? cat("k2-slice", depth, ", one rank of TP ", o.tp.tp, " (random, INT4 g32 experts)")
+                          : cat("k2-slice", depth, " (random, INT4 g32 experts)");
   } else {
     Checkpoint ck(o.model);
     check_gpu_memory_plan(ck.config(), {0}, limit, max_tokens, "bench --device cuda");  // before a weight is read

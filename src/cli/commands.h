@@ -52,6 +52,7 @@ int cmd_make_model(const MakeModelOptions& o);
 
 struct BenchOptions {
   std::string model, device = "cpu", preset;  // preset: k2-slice (random weights made on the GPU; --device cuda)
+  int64_t preset_layers = 0;  // --preset-layers L: k2-slice with L layers (0: its 12)
   int64_t n_prompt = 64, n_gen = 32, repetitions = 3;
   bool json = false, verify_curve = false;
   std::vector<int64_t> serve;  // --serve C1,C2,…: the engine load test at these concurrencies (cmd_bench_serve.cpp)

@@ -4,6 +4,7 @@
 #include "model/deepseek_v3_cuda_impl.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -319,10 +320,17 @@ void CudaTarget::Impl::stage_seq(Staged& st, const int32_t* ids_h, int64_t n, co
       fail("position ", ps, " is outside the model's context [0, ", c.max_position_embeddings, ")");
     st.ids.push_back(ids_h[i]);
     st.pos.push_back(ps);
-    st.voff.push_back(int32_t(st.vis.size()));
+    // A causal row stores no list (cuda::KeyLists: voff < 0, keys 0 … i); a tree row its ancestors.
     int32_t k = 0;
-    for (int64_t j = 0; j < n; ++j)
-      if (visibility ? visibility[i * n + j] != 0 : j <= i) st.vis.push_back(int32_t(j)), ++k;
+    if (visibility) {
+      if (st.vis.size() > size_t(INT32_MAX) - size_t(n)) fail("forward: ", n, " tree rows exceed the visible lists' int32 offsets");
+      st.voff.push_back(int32_t(st.vis.size()));
+      for (int64_t j = 0; j < n; ++j)
+        if (visibility[i * n + j] != 0) st.vis.push_back(int32_t(j)), ++k;
+    } else {
+      st.voff.push_back(-1);
+      k = int32_t(i + 1);
+    }
     st.cnt.push_back(k);
     st.start.push_back(int32_t(start));
     st.tab.push_back(tab);
@@ -358,8 +366,8 @@ int64_t CudaTarget::Impl::upload_own(const int32_t* ids_h, int64_t n, const int3
   const SeqForward f = own_sequence({});
   Staged st;
   stage_seq(st, ids_h, n, positions, visibility, size, f.kv.blocks.data(), 1, all_logits, want_logits);
-  staged_vis = int64_t(st.vis.size());
-  upload(st, graphed ? n * n : staged_vis);
+  staged_vis = graphed ? n * n : int64_t(st.vis.size());
+  upload(st, staged_vis);
   return size;
 }
 

@@ -88,7 +88,7 @@ struct CudaTarget::Impl {
   int64_t am_cap = 0;
   std::vector<int64_t> last_lrow0;
   int64_t last_lrows = 0;
-  int64_t staged_vis = 0;  // visible-list entries of the last upload_own
+  int64_t staged_vis = 0;  // visible-list slots of the last upload_own (the vcap a run over it must be given)
   float* h_logits = nullptr;  // pinned [h_logits_cap, vocab]: forward_batch's logits come down in one copy
   int64_t h_logits_cap = 0;
 

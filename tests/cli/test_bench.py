@@ -85,3 +85,10 @@ def test_bench_serve_flags_are_checked():
                          (["--serve", "1", "--long-prompt", "300000"], "holds")]:
         r = kdtree("bench", "-m", MODEL, "-p", 8, "-n", 4, *args)
         assert r.returncode != 0 and expect in r.stderr, (args, r.stderr)
+
+
+def test_bench_preset_layers_needs_the_preset_and_a_depth_k2_has():
+    r = kdtree("bench", "-m", MODEL, "--preset-layers", 6)
+    assert r.returncode != 0 and "add --preset k2-slice" in r.stderr, r.stderr
+    r = kdtree("bench", "--device", "cuda", "--preset", "k2-slice", "--preset-layers", 62)
+    assert r.returncode != 0 and "--preset-layers" in r.stderr, r.stderr

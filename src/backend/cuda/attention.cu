@@ -181,9 +181,10 @@ __global__ void __launch_bounds__(kShortThreads) mla_short_kernel(MlaParams p) {
   }
   {
     const int32_t* table = k.tables + k.tab[i];
-    const int32_t* vis = k.vis + k.voff[i];
+    const int32_t* vis = k.voff[i] < 0 ? nullptr : k.vis + k.voff[i];  // null: causal (KeyLists)
     const int32_t* wrow = k.wrow + k.base[i];
-    for (int t = tid; t < len; t += kShortThreads) rows[t] = t < start ? table[t / bt] * bt + t % bt : wrow[vis[t - start]];
+    for (int t = tid; t < len; t += kShortThreads)
+      rows[t] = t < start ? table[t / bt] * bt + t % bt : wrow[vis ? vis[t - start] : t - start];
   }
   __syncthreads();
 
@@ -418,7 +419,7 @@ __global__ void __launch_bounds__(kCoreThreads, 2) mla_core_kernel(MlaParams p, 
   if (tid < kHeads) stM[tid] = -__int_as_float(0x7f800000), stL[tid] = 0.0f;
 
   const int32_t* table = k.tables + k.tab[i];
-  const int32_t* vis = k.vis + k.voff[i];
+  const int32_t* vis = k.voff[i] < 0 ? nullptr : k.vis + k.voff[i];  // null: causal (KeyLists)
   const int32_t* wrow = k.wrow + k.base[i];
   const int groups = (Lr + 63) / 64;  // o column groups of 64 (warp w takes group w)
   // Scores: k half kh = warp / 4 takes the k32 steps [kh·KH, min(KB, (kh + 1)·KH)); within it warp
@@ -434,7 +435,7 @@ __global__ void __launch_bounds__(kCoreThreads, 2) mla_core_kernel(MlaParams p, 
     __syncthreads();  // the previous tile's rows and p are no longer read (and q's fragments are in)
     for (int j = tid; j < nk; j += kCoreThreads) {
       const int tt = t0 + j;
-      rows[j] = tt < start ? table[tt / bt] * bt + tt % bt : wrow[vis[tt - start]];
+      rows[j] = tt < start ? table[tt / bt] * bt + tt % bt : wrow[vis ? vis[tt - start] : tt - start];
     }
     __syncthreads();
     // The tile's rows into L2 at once (fire and forget): the score loop below then waits on L2, not

@@ -96,14 +96,16 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t 
 // rows 0 … start[i] − 1 — row t at cache row tables[tab[i] + t / bt] · bt + t % bt — followed by the
 // new rows of its own sequence it may see, vis[voff[i] … voff[i] + cnt[i]) (indices among that
 // sequence's new rows, ascending: its tree ancestors and itself), whose latents sit at cache rows
-// wrow[base[i] + j]. All on the device, so a captured graph replays with new contents.
+// wrow[base[i] + j]. voff[i] < 0 marks a causal row: its visible new rows are 0 … cnt[i] − 1 and no
+// list is stored (a P-row prompt chunk would otherwise stage P(P + 1)/2 entries: 2.1 GB at 32K, past
+// int32 offsets at 64K). All on the device, so a captured graph replays with new contents.
 struct KeyLists {
   const int32_t* cnt = nullptr;     // [n] new rows visible to row i
   const int32_t* start = nullptr;   // [n] committed rows of row i's sequence
   const int32_t* tab = nullptr;     // [n] offset of its sequence's block table in `tables`
   const int32_t* wrow = nullptr;    // [n] cache row the new row's latent is written to
   const int32_t* base = nullptr;    // [n] batch index of its sequence's first new row
-  const int32_t* voff = nullptr;    // [n] offset of its visible list in `vis`
+  const int32_t* voff = nullptr;    // [n] offset of its visible list in `vis`; < 0: causal (0 … cnt − 1)
   const int32_t* vis = nullptr;
   const int32_t* tables = nullptr;
   int64_t bt = 1;                   // rows per block
