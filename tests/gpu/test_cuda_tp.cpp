@@ -78,6 +78,17 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
   return d / m;
 }
 
+// n tokens, EOS ignored, every logit kept (the bitwise comparisons), at this temperature and seed.
+GenerateOptions exact_options(int64_t n, float temp, uint64_t seed) {
+  GenerateOptions opt;
+  opt.max_new_tokens = n;
+  opt.ignore_eos = true;
+  opt.keep_logits = true;
+  opt.sampling.temperature = temp;
+  opt.sampling.seed = seed;
+  return opt;
+}
+
 class CudaTp : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(CudaTp, DDTreeEqualsARBitwise) {
@@ -86,12 +97,7 @@ TEST_P(CudaTp, DDTreeEqualsARBitwise) {
   const ModelConfig& c = tp.config();
   const auto prompt = prompt_for(c, 9, 1);
   for (auto [temp, seed] : {std::pair{0.0f, uint64_t(0)}, std::pair{0.8f, uint64_t(3)}}) {
-    GenerateOptions opt;
-    opt.max_new_tokens = 32;
-    opt.ignore_eos = true;
-    opt.keep_logits = true;
-    opt.sampling.temperature = temp;
-    opt.sampling.seed = seed;
+    const GenerateOptions opt = exact_options(32, temp, seed);
     const GenerateResult ar = generate_ar(tp, prompt, opt);
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), ar.output_ids.begin(), ar.output_ids.end());
@@ -208,12 +214,7 @@ TEST_P(CudaTp, GpuDrafterBesideRankZeroKeepsDDTreeExact) {
 
   const auto prompt = prompt_for(c, 9, 2);
   for (auto [temp, seed] : {std::pair{0.0f, uint64_t(0)}, std::pair{0.8f, uint64_t(3)}}) {
-    GenerateOptions opt;
-    opt.max_new_tokens = 40;
-    opt.ignore_eos = true;
-    opt.keep_logits = true;
-    opt.sampling.temperature = temp;
-    opt.sampling.seed = seed;
+    const GenerateOptions opt = exact_options(40, temp, seed);
     const GenerateResult ar = generate_ar(tp, prompt, opt);
     for (int mode = 0; mode < 3; ++mode) {
       SpecOptions so;
