@@ -143,6 +143,7 @@ std::vector<int64_t> verify_sizes_or_default(const BenchOptions& o) {
 }
 
 int cmd_bench(const BenchOptions& o) {
+  if (o.preset_layers > 0 && o.preset.empty()) fail("--preset-layers sets the k2-slice preset's depth: add --preset k2-slice");
   if (!o.draft.empty()) return cmd_bench_spec(o);
   if (o.spec != "ddtree" || !o.budgets.empty() || !o.budget_max.empty() || !o.prompt_ids.empty() || !o.prompts.empty() ||
       o.prompt_limit != 0 || o.temp != 0 || o.seed != 0)
@@ -154,7 +155,6 @@ int cmd_bench(const BenchOptions& o) {
     fail("--prefill-chunks and --streams set up the chunked-prefill test: add --long-prompt P");
   if (!o.serve.empty() && !o.verify_sizes.empty()) fail("--verify-sizes: the --serve load test has no verify curve");
   if (!o.serve.empty() && o.verify_curve) fail("--verify-curve: the --serve load test has no verify curve");
-  if (o.preset_layers > 0 && o.preset.empty()) fail("--preset-layers sets the k2-slice preset's depth: add --preset k2-slice");
   if (o.device == "cuda") return o.serve.empty() ? cmd_bench_cuda(o) : cmd_bench_serve_cuda(o);
   if (o.device != "cpu") fail("--device ", o.device, ": unknown device (choose cpu or cuda)");
   if (!o.serve.empty()) {

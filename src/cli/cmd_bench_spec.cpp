@@ -113,7 +113,6 @@ int cmd_bench_spec(const BenchOptions& o) {
   if (o.model.empty()) fail("bench --draft needs -m DIR (the target the drafter was trained for)");
   if (!o.serve.empty() || o.verify_curve || !o.verify_sizes.empty())
     fail("--serve, --verify-curve and --verify-sizes are the plain bench's; drop them with --draft");
-  if (o.tp.tp > 1) fail("--tp: the speculative bench runs one device (drop --tp)");
   if (o.prompt_ids.empty() == o.prompts.empty()) fail("bench --draft needs one of --prompt-ids 1,2,3 or --prompts FILE.json");
   if (o.temp < 0) fail("--temp must be ≥ 0 (got ", o.temp, ")");
   std::vector<std::vector<int32_t>> prompts =
@@ -143,7 +142,7 @@ int cmd_bench_spec(const BenchOptions& o) {
     configs.push_back(c);
   }
 
-  const LoadedTarget lt(o.device, o.model);
+  const LoadedTarget lt(o.device, o.model, o.tp);  // --tp R: the tensor-parallel target, as run makes it
   const Target& target = lt.target();
   const ModelConfig& cfg = lt.config();
   for (const auto& p : prompts)

@@ -89,3 +89,18 @@ def test_bench_serve_runs_the_engine_over_the_tp_target():
     assert all(l["tokens_per_s"] > 0 and l["tpot_p50_ms"] > 0 for l in out["levels"])
     bad = kdtree("bench", "-m", FIXTURES / "k2-bf16", "--serve", "1", "-p", 8, "-n", 4, "--tp", 3, ok=False)
     assert "num_attention_heads" in bad.stderr, bad.stderr
+
+
+def test_bench_draft_runs_the_trained_pair_over_the_tp_target():
+    # The speculative bench over --tp 2 (the drafter from rank 0's taps): it fails by itself if any
+    # configuration's output differs from AR's; and the tree accepts drafted tokens.
+    import json
+    pair = FIXTURES.parent.parent / "assets" / "pair"
+    args = ["bench", "-m", pair / "target", "--draft", pair / "drafter", "--prompts", pair / "eval_prompts.json",
+            "--prompt-limit", 1, "--budget", 8, "-n", 16, "-r", 1, "--json"]
+    tp = json.loads(kdtree(*args, "--tp", 2, ok=True).stdout)
+    one = json.loads(kdtree(*args, ok=True).stdout)
+    assert tp["device"] == "cpu, tensor parallel over 2 ranks"
+    assert tp["prompts"][0]["output_ids"] == one["prompts"][0]["output_ids"]
+    run = tp["prompts"][0]["runs"][0]
+    assert run["exact"] is True and run["tau"] > 1.0, run
