@@ -24,7 +24,6 @@
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
-#include "model/deepseek_v3_tp.h"
 #ifdef KDTREE_HAVE_CUDA
 #include "cli/bench_cuda.h"
 #include "model/deepseek_v3_cuda.h"
@@ -317,17 +316,15 @@ int bench_serve(const Target& t, const std::string& label, const std::string& de
   return 0;
 }
 
-int cmd_bench_serve_cpu(const BenchOptions& o) {
+// -m DIR on either device: the target as `serve` loads it (LoadedTarget: the memory plan, --tp R over CPU
+// ranks or a GPU a rank of --devices); a one-row GPU cache to start with (each engine lends its pool).
+static int bench_serve_checkpoint(const BenchOptions& o) {
   if (o.model.empty()) fail("bench --serve needs -m DIR (or --device cuda --preset k2-slice)");
-  Checkpoint ck(o.model);
-  check_tp_flags(o.tp, false, ck.config());
-  const DeepseekV3 model(ck);
-  if (o.tp.tp > 1) {  // the engine over R in-process ranks, as `serve --tp R` runs it
-    const DeepseekV3Tp tp(ck, o.tp.tp);
-    return bench_serve(tp, o.model, cat("cpu, tensor parallel over ", o.tp.tp, " ranks"), o);
-  }
-  return bench_serve(model, o.model, "cpu", o);
+  const LoadedTarget lt(o.device, o.model, o.tp, 1);
+  return bench_serve(lt.target(), o.model, lt.target().device(), o);
 }
+
+int cmd_bench_serve_cpu(const BenchOptions& o) { return bench_serve_checkpoint(o); }
 
 #ifndef KDTREE_HAVE_CUDA
 
@@ -341,11 +338,7 @@ int cmd_bench_serve_cuda(const BenchOptions& o) {
   if (o.tp.tp > 1 && !o.preset.empty())
     fail("--preset ", o.preset, " --tp ", o.tp.tp, " --serve: the preset times one rank's share, which no engine serves alone; "
          "the load test under tensor parallelism needs the whole target: -m DIR --tp R");
-  if (o.tp.tp > 1) {  // a tensor-parallel target from the checkpoint, as serve --tp R makes it
-    if (o.model.empty()) fail("bench --device cuda --serve --tp ", o.tp.tp, " needs -m DIR");
-    const LoadedTarget lt("cuda", o.model, o.tp, 1);
-    return bench_serve(lt.target(), o.model, lt.target().device(), o);
-  }
+  if (o.preset.empty()) return bench_serve_checkpoint(o);
   // A one-row cache to start with: each engine replaces it by its paged pool.
   BenchTarget bt = load_bench_target(o, 1, "bench --device cuda --serve");
   return bench_serve(*bt.target, bt.label, cuda_device_name(), o);

@@ -147,19 +147,17 @@ LoadedTarget::Drafters LoadedTarget::dflash_drafters(const std::string& dir, int
              yarn_factor_rule_name(c.rope_attention_factor_rule), ")");
   std::function<std::unique_ptr<Drafter>()> make;
 #ifdef KDTREE_HAVE_CUDA
-  if (gpu_) {
-    CudaTarget* g = static_cast<CudaTarget*>(gpu_.get());
-    auto weights = std::make_shared<const CudaDFlashWeights>(host);
-    make = [weights, g, max_tokens] { return std::make_unique<CudaDFlash>(weights, *g, max_tokens); };
-  }
+  // The GPU drafter beside the target's GPU: the one GPU's, or a tensor-parallel target's rank 0 — from its
+  // device taps, with the whole lm_head uploaded there (no rank holds it whole).
+  CudaTarget* g = static_cast<CudaTarget*>(gpu_.get());
   if (auto* tp = dynamic_cast<const CudaTpTarget*>(tp_.get())) {
-    // Beside a tensor-parallel target the drafter runs on rank 0's GPU, from its device taps, with the
-    // whole lm_head uploaded there (no rank holds it whole).
-    CudaTarget* g = &tp->draft_rank(model_->lm_head());
-    auto weights = std::make_shared<const CudaDFlashWeights>(host);
-    make = [weights, g, max_tokens] { return std::make_unique<CudaDFlash>(weights, *g, max_tokens); };
+    g = &tp->draft_rank(model_->lm_head());
     log_info("drafter on GPU ", tp->devices()[0], " beside tensor-parallel rank 0, with the whole lm_head there (+",
              double(model_->lm_head().bytes()) / 1e9, " GB)");
+  }
+  if (g) {
+    auto weights = std::make_shared<const CudaDFlashWeights>(host);
+    make = [weights, g, max_tokens] { return std::make_unique<CudaDFlash>(weights, *g, max_tokens); };
   }
 #endif
   if (!make) {

@@ -259,7 +259,7 @@ void CudaTarget::add_draft_lm_head(const Weight& lm_head) {
     fail(lm_head.name, ": a GPU drafter needs the whole lm_head [", m.cfg.vocab_size, ", ", m.cfg.hidden_size, "], got [",
          lm_head.rows, ", ", lm_head.cols, "]");
   check_weight(lm_head);
-  const uint64_t bytes = uint64_t(lm_head.rows) * (row_bytes(lm_head) + row_scale_bytes(lm_head));
+  const uint64_t bytes = lm_head.bytes();  // (what the upload allocates, for the formats check_weight takes)
   const int64_t free_b = free_device_bytes();
   if (int64_t(bytes) + (int64_t(1) << 30) > free_b)
     fail("a GPU drafter beside tensor-parallel rank 0 needs the whole lm_head on that GPU (", double(bytes) / 1e9,

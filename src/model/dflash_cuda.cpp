@@ -201,8 +201,7 @@ CudaDFlash::CudaDFlash(std::shared_ptr<const CudaDFlashWeights> weights, CudaTar
   const CudaDFlashWeights::Impl& W = m.weights->impl();
   // The thread that builds a sequence's drafter (the engine's, for a tensor-parallel rank 0 on GPU N) takes
   // its weights' GPU, where the drafter's buffers, kernels and the target's stream live.
-  if (int dev = 0; cudaGetDevice(&dev) != cudaSuccess || dev != W.device)
-    check(cudaSetDevice(W.device), "CUDA drafter: select its weights' GPU");
+  check(cudaSetDevice(W.device), "CUDA drafter: select its weights' GPU");
   for (int64_t l : c.target_layer_ids) m.taps_of.push_back(int32_t(l));
   m.fc = W.fc;
   m.hidden_norm = W.hidden_norm;
