@@ -94,6 +94,11 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--prompt-limit", o.prompt_limit, "With --prompts: only the first K prompts (default all)")
       ->transform(whole_number(o.prompt_limit))
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  c->add_option("--json-schema", o.json_schema,
+                "With --draft: decode under this JSON Schema (as response_format's json_schema.schema, strict: true; the "
+                "server's separators) through the serving engine — per prompt AR under the grammar, then DDTree with the draft "
+                "tree masked by the grammar and unmasked: tau, drafted nodes a round, tok/s; every output must equal AR's");
+  c->add_option("--gbnf", o.gbnf, "With --draft: as --json-schema, under this GBNF grammar (llama.cpp's format, root rule 'root')");
   c->add_option("--temp", o.temp, "With --draft: sampling temperature (default 0, greedy; T > 0 is seeded, so AR's tokens still match)");
   c->add_option("-s,--seed", o.seed, "With --draft and --temp > 0: the sampling seed (default 0)");
 }
@@ -146,9 +151,9 @@ int cmd_bench(const BenchOptions& o) {
   if (o.preset_layers > 0 && o.preset.empty()) fail("--preset-layers sets the k2-slice preset's depth: add --preset k2-slice");
   if (!o.draft.empty()) return cmd_bench_spec(o);
   if (o.spec != "ddtree" || !o.budgets.empty() || !o.budget_max.empty() || !o.prompt_ids.empty() || !o.prompts.empty() ||
-      o.prompt_limit != 0 || o.temp != 0 || o.seed != 0)
-    fail("--spec, --budget, --budget-max, --prompt-ids, --prompts, --prompt-limit, --temp and --seed are the speculative "
-         "bench's: add --draft DIR");
+      o.prompt_limit != 0 || o.temp != 0 || o.seed != 0 || !o.json_schema.empty() || !o.gbnf.empty())
+    fail("--spec, --budget, --budget-max, --prompt-ids, --prompts, --prompt-limit, --temp, --seed, --json-schema and --gbnf are the "
+         "speculative bench's: add --draft DIR");
   if (o.serve.empty() && (o.long_prompt > 0 || !o.prefill_chunks.empty() || o.streams != 8))
     fail("--long-prompt, --prefill-chunks and --streams are the --serve load test's: add --serve C (e.g. --serve 1)");
   if (o.long_prompt == 0 && (!o.prefill_chunks.empty() || o.streams != 8))

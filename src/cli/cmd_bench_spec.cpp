@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/bench_grammar.h"
 #include "cli/budget_flags.h"
 #include "cli/commands.h"
 #include "cli/device.h"
@@ -158,6 +159,12 @@ int cmd_bench_spec(const BenchOptions& o) {
   g.sampling.temperature = float(o.temp);
   g.sampling.seed = o.seed;
   validate(g.sampling);
+
+  if (!o.json_schema.empty() || !o.gbnf.empty()) {
+    std::vector<SpecConfig> sc;
+    for (const Config& c : configs) sc.push_back({c.label, c.so});
+    return bench_constrained(o, prompts, sc, lt, drafters);
+  }
 
   // One untimed AR and speculative run first: caches, kernels' first launches, lazy loading.
   generate_ar(target, prompts[0], g);

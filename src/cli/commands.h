@@ -65,6 +65,9 @@ struct BenchOptions {
   // --draft DIR: the speculative bench (cmd_bench_spec.cpp) — AR against --spec ddtree|dflash at each of
   // --budget B1,B2,… (N or auto) on --prompt-ids or --prompts FILE (the first --prompt-limit of them).
   std::string draft, spec = "ddtree", budget_max, prompt_ids, prompts;
+  // … and with --json-schema FILE or --gbnf FILE, under that grammar through the engine, the draft tree
+  // masked and unmasked (cmd_bench_grammar.cpp).
+  std::string json_schema, gbnf;
   std::vector<std::string> budgets;
   int64_t prompt_limit = 0;
   double temp = 0;

@@ -5,12 +5,15 @@ repetitions it reports, the repetition-loop flag agrees with a detector written 
 that do not fit are refused with messages that name them."""
 import json
 
+import jsonschema
+
 from conftest import REPO, kdtree, run_json
 
 PAIR = REPO / "assets" / "pair"
 TARGET, DRAFTER = PAIR / "target", PAIR / "drafter"
 PROMPTS_FILE = PAIR / "eval_prompts.json"
 PROMPTS = json.loads(PROMPTS_FILE.read_text())
+SCHEMA = REPO / "bench" / "schemas" / "tool_call.json"
 
 
 def has_loop(ids, n=8, count=3):
@@ -72,6 +75,29 @@ def test_bench_spec_chain_and_sampling_table():
     assert "median over" in r.stdout, r.stdout
 
 
+def test_bench_spec_under_a_json_schema():
+    """Under a JSON Schema (through the engine, as serve runs a constrained request): each output is AR's under
+    the grammar for the masked and the unmasked draft tree (the bench fails otherwise), valid for the schema by
+    `jsonschema` (the independent validator); the masked tree spends fewer nodes a round than the budget and
+    never loses τ to the unmasked one on these prompts."""
+    r = kdtree("bench", "-m", TARGET, "--draft", DRAFTER, "--prompts", PROMPTS_FILE, "--prompt-limit", 3,
+               "--budget", "16", "-n", 96, "-r", 1, "--json-schema", SCHEMA, "--json", ok=True)
+    out = json.loads(r.stdout)
+    schema = json.loads(SCHEMA.read_text())
+    assert out["constraint"] == {"json_schema": str(SCHEMA)} and len(out["prompts"]) == 3
+    for p in out["prompts"]:
+        assert p["finish_reason"] == "stop", p
+        jsonschema.validate(json.loads(p["text"]), schema)
+        (run,) = p["runs"]
+        m, u = run["masked"], run["unmasked"]
+        assert m["exact"] and u["exact"]
+        assert u["drafted_per_round"] == 16 and 0 < m["drafted_per_round"] < 16, run
+        assert m["tau"] >= u["tau"] >= 1, run
+    t = kdtree("bench", "-m", TARGET, "--draft", DRAFTER, "--prompts", PROMPTS_FILE, "--prompt-limit", 1,
+               "--budget", "8", "-n", 96, "-r", 1, "--json-schema", SCHEMA, ok=True)
+    assert "masked draft" in t.stdout and "outputs == AR" in t.stdout, t.stdout
+
+
 def test_bench_spec_refuses_what_does_not_fit():
     base = ["bench", "-m", TARGET, "--draft", DRAFTER]
     ids = ",".join(map(str, PROMPTS[0]["ids"]))
@@ -85,6 +111,12 @@ def test_bench_spec_refuses_what_does_not_fit():
         (base + ["--prompts", REPO / "no-such-prompts.json"], "cannot open"),
         (["bench", "-m", TARGET, "--budget", "16"], "add --draft"),
         (["bench", "-m", TARGET, "--temp", "0.8"], "add --draft"),
+        (["bench", "-m", TARGET, "--json-schema", SCHEMA], "add --draft"),
+        (base + ["--prompt-ids", ids, "--json-schema", SCHEMA, "--gbnf", SCHEMA], "give one constraint"),
+        (base + ["--prompt-ids", ids, "--json-schema", REPO / "no-such-schema.json"], "cannot open"),
+        (base + ["--prompt-ids", ids, "--json-schema", PROMPTS_FILE], "--json-schema"),  # not a schema object
+        (base + ["--prompt-ids", ids, "--gbnf", SCHEMA], "--gbnf"),  # JSON is not GBNF
+        (base + ["--prompt-ids", ids, "--spec", "dflash", "--budget", "chain", "--json-schema", SCHEMA], "--spec ddtree"),
     ]
     for args, want in cases:
         r = kdtree(*args)

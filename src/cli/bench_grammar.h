@@ -1,0 +1,23 @@
+// `kdtree bench --draft DIR --json-schema FILE | --gbnf FILE` (cmd_bench_grammar.cpp): DDTree under a
+// grammar, through the serving engine (where constrained decoding lives) — per prompt, AR under the
+// grammar, then each DDTree configuration with the draft tree masked by the grammar (the default) and
+// unmasked: τ, drafted nodes a round, tokens/s, and whether each output equals AR's (it must).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/device.h"
+#include "decode/generate.h"
+
+namespace kd::cli {
+
+struct SpecConfig {
+  std::string label;  // "16", "auto", …
+  SpecOptions so;
+};
+
+int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32_t>>& prompts,
+                      const std::vector<SpecConfig>& configs, const LoadedTarget& lt, const LoadedTarget::Drafters& drafters);
+
+}  // namespace kd::cli
