@@ -1,5 +1,5 @@
 // Sweep of the INT4 expert kernels at Kimi K2's routed-expert shapes — gate/up 4096 × 7168 (swiglu)
-// and down 7168 × 2048 (store), 384 experts, top-8 random routing, n = 1 … 1024 tokens: µs and GB/s a
+// and down 7168 × 2048 (store), 384 experts, top-8 random routing, n = 1 … 4096 tokens: µs and GB/s a
 // launch (CUDA events, median of 21 after 3 warm-ups; GB = distinct experts × their weight + scale
 // bytes), for the CUDA-core register kernel (ExpertBatch::path = cores, linear.cu) and every tile of
 // the integer tensor-core path (kImmaTiles, ExpertBatch::imma_tile, expert_imma.cu). The choice
@@ -123,8 +123,8 @@ void sweep(const Mat& m, uint32_t seed) {
   const std::vector<float> ix = normal_x(n * m.cols, rng);
   std::vector<float> y_imma0;
 
-  // Timing buffers: up to 1024 tokens (decode, verify trees, prefill chunks).
-  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 256, 512, 1024};
+  // Timing buffers: up to 4096 tokens (decode, verify trees, prefill chunks, a 4K prompt at once).
+  const std::vector<int64_t> ns = {1, 2, 4, 8, 17, 33, 128, 256, 512, 1024, 4096};
   const int64_t nmax = ns.back();
   DevBuf dx(size_t(nmax * m.cols) * 4), dy(size_t(nmax * K * m.ldy()) * 4);
   cuda::fill_f32(dx.as<float>(), nmax * m.cols, -1.0f, 1.0f, seed + 2, nullptr);
@@ -181,9 +181,11 @@ void sweep(const Mat& m, uint32_t seed) {
 
 TEST(CudaExperts, ConfigSweep) {
   REQUIRE_GPU();
-  std::printf("device read bandwidth %.0f GB/s; production: IMMA %s, %s from %lld rows (gate/up) / %lld rows (down); kernels:\n",
+  std::printf("device read bandwidth %.0f GB/s; production: IMMA %s, %s from %lld rows (gate/up) / %lld rows (down), %s from %lld rows; "
+              "kernels:\n",
               cuda::measure_read_gbps(int64_t(1) << 31, 5), cuda::kImmaTiles[cuda::kImmaNarrowTile].name,
-              cuda::kImmaTiles[cuda::kImmaWideTile].name, (long long)cuda::kImmaWideGateUpRows, (long long)cuda::kImmaWideDownRows);
+              cuda::kImmaTiles[cuda::kImmaWideTile].name, (long long)cuda::kImmaWideGateUpRows, (long long)cuda::kImmaWideDownRows,
+              cuda::kImmaTiles[cuda::kImmaPrefillTile].name, (long long)cuda::kImmaPrefillRows);
   std::printf("  core %s\n", cuda::expert_cores_describe().c_str());
   for (int c = 0; c < cuda::kImmaTileCount; ++c)
     std::printf("  %s %s\n", cuda::kImmaTiles[c].name, cuda::expert_imma_describe(c).c_str());
@@ -191,38 +193,45 @@ TEST(CudaExperts, ConfigSweep) {
   sweep(Mat{"down", 384, 7168, 2048, Epilogue::store}, 502);
 }
 
-// Shapes that leave partial blocks and token tiles: 102 rows (not a multiple of any tile's 32 or 64
-// rows a block), 2048 columns, expert 0 serving all 19 tokens (odd, so a pass of token pairs ends on a
-// single token). Every mode, every epilogue: each token alone == its rows in the batch; every IMMA
-// tile writes the first tile's bits (the CUDA-core kernel writes other bits: another arithmetic).
+// Shapes that leave partial blocks, token passes and column steps: 102 rows (not a multiple of any
+// tile's 32, 64 or 128 rows a block); 2048 columns (whole steps), 96 (3 groups: less than one step of
+// 8, scales not in 16-byte units) and 2080 (65 groups: a partial last step for every tile); expert 0
+// serving all 75 tokens (odd, so a pass of token pairs ends on a single token; 3 passes of the
+// 32-token tiles, the last with one token warp idle). Every mode, every epilogue: each token alone ==
+// its rows in the batch; every IMMA tile writes the first tile's bits (the CUDA-core kernel writes
+// other bits: another arithmetic).
 TEST(CudaExperts, ConfigsPartialTiles) {
   REQUIRE_GPU();
   std::mt19937 rng(511);
-  const Mat m{"small", 4, 102, 2048, Epilogue::store};
-  DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
-  cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, 512, nullptr);
-  cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, 513, nullptr);
-  const int64_t n = 19, K = 2;
-  Routing rt{n, K, {}};
-  for (int64_t i = 0; i < n; ++i) rt.choice.push_back({0, int32_t(1 + rng() % 3)});
-  const std::vector<float> x = normal_x(n * m.cols, rng), y0 = normal_x(n * K * m.rows, rng);
-  for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
-    const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
-    const float* init = ep == Epilogue::add ? y0.data() : nullptr;
-    const std::vector<float> want_imma = run(m, dw, ds, rt, x.data(), ep, 1, init);
-    for (size_t j = 0; j < want_imma.size(); ++j) ASSERT_TRUE(std::isfinite(want_imma[j])) << "IMMA tile left output " << j;
-    for (int mode = 0; mode < kModes; ++mode) {
-      const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, mode, init);
-      for (size_t j = 0; j < y.size(); ++j) ASSERT_TRUE(std::isfinite(y[j])) << mode_label(mode) << " left output " << j;
-      if (is_imma(mode)) {
-        ASSERT_EQ(0, std::memcmp(y.data(), want_imma.data(), y.size() * 4)) << "tile " << mode_label(mode) << " epilogue " << int(ep);
-      }
-      for (int64_t i = 0; i < n; i += 6) {
-        const Routing one{1, K, {rt.choice[size_t(i)]}};
-        const std::vector<float> y1 =
-            run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, mode, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
-        ASSERT_EQ(0, std::memcmp(y1.data(), &y[size_t(i * K * ldy)], size_t(K * ldy) * 4))
-            << mode_label(mode) << " epilogue " << int(ep) << ": token " << i << " alone differs";
+  for (const int64_t cols : {2048, 96, 2080}) {
+    const Mat m{"small", 4, 102, cols, Epilogue::store};
+    DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
+    cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, 512, nullptr);
+    cuda::fill_bf16(ds.as<uint16_t>(), m.E * m.sbytes() / 2, 0.01f, 513, nullptr);
+    const int64_t n = 75, K = 2;
+    Routing rt{n, K, {}};
+    for (int64_t i = 0; i < n; ++i) rt.choice.push_back({0, int32_t(1 + rng() % 3)});
+    const std::vector<float> x = normal_x(n * m.cols, rng), y0 = normal_x(n * K * m.rows, rng);
+    for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu}) {
+      const int64_t ldy = ep == Epilogue::swiglu ? m.rows / 2 : m.rows;
+      const float* init = ep == Epilogue::add ? y0.data() : nullptr;
+      const std::vector<float> want_imma = run(m, dw, ds, rt, x.data(), ep, 1, init);
+      for (size_t j = 0; j < want_imma.size(); ++j) ASSERT_TRUE(std::isfinite(want_imma[j])) << "IMMA tile left output " << j;
+      for (int mode = 0; mode < kModes; ++mode) {
+        const std::vector<float> y = run(m, dw, ds, rt, x.data(), ep, mode, init);
+        for (size_t j = 0; j < y.size(); ++j)
+          ASSERT_TRUE(std::isfinite(y[j])) << mode_label(mode) << " left output " << j << " (" << cols << " columns)";
+        if (is_imma(mode)) {
+          ASSERT_EQ(0, std::memcmp(y.data(), want_imma.data(), y.size() * 4))
+              << "tile " << mode_label(mode) << " epilogue " << int(ep) << ", " << cols << " columns";
+        }
+        for (int64_t i = 0; i < n; i += 6) {
+          const Routing one{1, K, {rt.choice[size_t(i)]}};
+          const std::vector<float> y1 =
+              run(m, dw, ds, one, &x[size_t(i * m.cols)], ep, mode, init == nullptr ? nullptr : &y0[size_t(i * K * ldy)]);
+          ASSERT_EQ(0, std::memcmp(y1.data(), &y[size_t(i * K * ldy)], size_t(K * ldy) * 4))
+              << mode_label(mode) << " epilogue " << int(ep) << ", " << cols << " columns: token " << i << " alone differs";
+        }
       }
     }
   }

@@ -41,6 +41,7 @@
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -95,18 +96,38 @@ __global__ void digits_kernel(const float* __restrict__ x, int64_t ldx, int64_t 
   if (lane == 0) unit[r * unit_pitch(groups) + G] = bad ? uint16_t(0x7fc0) : uint16_t(((127 + e - 34) << 23) >> 16);
 }
 
-// Block of W warps, each owning RT tiles of 16 weight rows; ST shared-memory stages of one
-// 1024-column step (32 groups): weights [rows][32 × 16 B] swizzled, scales [rows][80 B] (64 used:
-// the 80-byte pitch puts the 8 rows a lane group reads on different banks), the pass's digits
-// [2·MP tokens][32 groups][128 B] and units [2·MP][32] bf16. A pass is MP token pairs: each unpacked
-// weight fragment serves MP MMAs (wide batches: prefill, large trees).
-template <int W, int RT, int ST, int MP>
+// Block of WR × WT warps: warp (wr, wt) owns RT tiles of 16 weight rows (row warp wr) and MP token
+// pairs (token warp wt) of each pass, so a block covers WR·16·RT weight rows × T = 2·MP·WT tokens. A
+// step is SG groups of columns (SG·32: 1024 for the decode tiles, 256 for the prefill tiles, whose
+// token stage would not fit at 1024); ST shared-memory stages of one step each: weights [rows][SG ×
+// 16 B] swizzled, scales [rows][s_pitch] (SG bf16; the 80-byte pitch of 32 groups puts the 8 rows a
+// lane group reads on different banks, 16 bytes do it for 8), the pass's digits [T tokens][SG
+// groups][128 B] and units [T][SG] bf16. Each unpacked weight fragment serves MP MMAs; each staged
+// digit row serves WR warps — the two reuses a wide batch (prefill, large trees) needs, where a pass
+// of few tokens re-streamed the expert's weights from L2 for every 4 tokens (docs/perf.md).
+template <int WR, int WT, int RT, int ST, int MP, int SG, bool OP>
 struct Imma {
-  static constexpr int rows = W * 16 * RT, threads = W * 32, T = 2 * MP;
-  static constexpr int w_bytes = rows * 512, s_pitch = 80, s_bytes = rows * s_pitch;
-  static constexpr int x_bytes = T * 32 * kGroupBytes, u_bytes = T * 32 * 2;
-  static constexpr int stage = w_bytes + s_bytes + x_bytes + u_bytes, smem = ST * stage;
+  static_assert(SG == 8 || SG == 32, "steps of 8 or 32 groups (the weight swizzle permutes runs of 8 units)");
   static_assert(ST >= 2, "double buffering at least");
+  static constexpr int wr = WR, wt = WT, rt = RT, st = ST, mp = MP, sg = SG, op = OP;
+  // OP: one pass a block — the block is an item (active expert, pass), so the blocks that read one
+  // weight tile run side by side and share it through L2 (a block looping over its expert's passes
+  // re-streams its tile every pass: 128 rows × 7 KB × 264 blocks in flight is more than L2). Else the
+  // block loops over its expert's passes (the decode tiles: one pass is the common case there).
+  static constexpr bool one_pass = OP;
+  static constexpr int W = WR * WT, threads = W * 32;
+  static constexpr int rows = WR * 16 * RT, T = WT * 2 * MP;
+  static constexpr int w_pitch = SG * 16, w_bytes = rows * w_pitch;
+  static constexpr int s_pitch = SG == 32 ? 80 : 2 * SG, s_bytes = rows * s_pitch;
+  static constexpr int x_pitch = SG * kGroupBytes, x_bytes = T * x_pitch, u_bytes = T * SG * 2;
+  static constexpr int stage = w_bytes + s_bytes + x_bytes + u_bytes, smem = ST * stage;
+  // Copies a thread issues a step (16 bytes each): unit tid % SG of rows tid / SG + k · threads / SG
+  // (k < wk); scale units i = tid + k · threads (k < sk); digit pieces i = tid + k · threads of the
+  // pass's T × xp pieces (k < xk: token i / xp, piece i % xp); unit pieces: thread tid < T · SG / 8.
+  static constexpr int wk = rows * SG / threads, su = SG / 8, sk = (rows * su + threads - 1) / threads;
+  static constexpr int xp = SG * 8, xk = T * xp / threads, up = T * su;
+  static_assert(threads % SG == 0 && rows * SG % threads == 0, "whole weight rows a copy round");
+  static_assert(T * xp % threads == 0 && up <= threads, "whole digit pieces a thread");
 };
 
 __device__ __forceinline__ void cp16(void* dst, const void* src) {
@@ -138,95 +159,142 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return r;
 }
 
-// grid (ceil(rows / Imma::rows), max_active); block W warps; dynamic shared memory Imma::smem.
-template <int W, int RT, int ST, int MP>
-__global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, float* y, int64_t ldy, int ep) {
-  using C = Imma<W, RT, ST, MP>;
+// Item `item` of the pass list (each active expert's ceil(cnt / T) passes, experts in order) → its
+// active expert a and pass t; false past the list's end. Each warp scans the counts 32 at a time.
+__device__ __forceinline__ bool find_item(const ExpertBatch& b, int item, int T, int& a, int& t) {
+  const int lane = int(threadIdx.x) & 31, na = *b.n_active;
+  int before = 0;  // items of the chunks already passed
+  for (int c0 = 0; c0 < na; c0 += 32) {
+    const int i = c0 + lane, k = i < na ? (b.act_cnt[i] + T - 1) / T : 0;
+    int incl = k;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (item < before + total) {
+      const int l = __ffs(__ballot_sync(0xffffffffu, item < before + incl)) - 1;
+      a = c0 + l;
+      t = item - before - __shfl_sync(0xffffffffu, incl - k, l);
+      return true;
+    }
+    before += total;
+  }
+  return false;
+}
+
+// The grid: (row tiles, active experts), or (one_pass) (row tiles × an upper bound on the items, 1),
+// Σ ceil(cnt / T) ≤ entries / T + active experts (x holds 2^31 − 1 blocks, y only 65,535).
+template <class C>
+dim3 imma_grid(const ExpertBatch& b) {
+  const int64_t tiles = (b.w.rows + C::rows - 1) / C::rows;
+  if (!C::one_pass) return dim3(unsigned(tiles), unsigned(b.max_active));
+  const int64_t items = std::min(b.max_active * ((b.max_rows_per_expert + C::T - 1) / C::T), b.entries / C::T + b.max_active);
+  return dim3(unsigned(tiles * items));
+}
+
+// grid imma_grid; block W warps; dynamic shared memory Imma::smem.
+template <int WR, int WT, int RT, int ST, int MP, int SG, bool OP>
+__global__ void __launch_bounds__(WR * WT * 32) expert_imma_kernel(ExpertBatch b, float* y, int64_t ldy, int ep) {
+  using C = Imma<WR, WT, RT, ST, MP, SG, OP>;
   constexpr int T = C::T;
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_wait();  // the active experts come from dispatch (common.cuh)
   pdl_trigger();
-  const int a = int(blockIdx.y);
-  if (a >= *b.n_active) return;
-  const int64_t e = b.act_expert[a], nrows = b.w.rows, groups = b.w.cols / 32;
-  const int off = b.act_off[a], cnt = b.act_cnt[a];
-  const int64_t tile0 = int64_t(blockIdx.x) * C::rows;
+  const int64_t nrows = b.w.rows, groups = b.w.cols / 32;
+  int64_t tile = blockIdx.x;
+  int a = int(blockIdx.y), off = 0, cnt = 0;
+  if constexpr (C::one_pass) {  // x = item · row tiles + row tile: one item's row tiles side by side
+    const int64_t ntiles = (nrows + C::rows - 1) / C::rows;
+    const int item = int(tile / ntiles);
+    tile %= ntiles;
+    int t = 0;
+    if (!find_item(b, item, T, a, t)) return;
+    off = b.act_off[a] + t * T;
+    cnt = min(T, b.act_cnt[a] - t * T);
+  } else {
+    if (a >= *b.n_active) return;
+    off = b.act_off[a];
+    cnt = b.act_cnt[a];
+  }
+  const int64_t e = b.act_expert[a];
+  const int64_t tile0 = tile * C::rows;
   const uint8_t* wb = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
   const uint16_t* sb = b.w.scales + e * b.scale_stride_elems;
-  const int S = int((groups + 31) / 32), nsteps = (cnt + T - 1) / T * S;
+  const int S = int((groups + SG - 1) / SG), nsteps = (cnt + T - 1) / T * S;
   // 16-byte scale copies need whole 8-group units and aligned rows; small models take plain loads.
   const bool scales16 = groups % 8 == 0 && (reinterpret_cast<uintptr_t>(sb) & 15) == 0;
   const int tid = int(threadIdx.x);
 
   const int lane = tid & 31, warp = tid >> 5;
-  // Issue side. Thread (warp, lane) copies 16-byte unit `lane` of rows warp + k·W (k < 16·RT) and
-  // the scale units i = tid + k·threads (k < 2·RT); its addresses are set up once here, so a step
-  // costs a few instructions a copy and no global load (the pass's digit rows are looked up once a
-  // pass, the units come by cp.async too).
+  // Issue side (copy assignment: Imma). Addresses are set up once here, so a step costs a few
+  // instructions a copy and no global load (the pass's digit rows are looked up once a pass).
   const int64_t rb = groups * 16;  // weight bytes a row
   const bool full_tile = tile0 + C::rows <= nrows;
-  const uint8_t* wsrc = wb + min(tile0 + warp, nrows - 1) * rb + lane * 16;  // row warp (k = 0), step 0
-  const uint16_t* ssrc[2 * RT];
+  const int wu = tid % SG, wr0 = tid / SG;  // weight unit and first row of this thread's copies
+  const uint8_t* wsrc = wb + min(tile0 + wr0, nrows - 1) * rb + wu * 16;  // row wr0, step 0
+  const uint16_t* ssrc[C::sk];
 #pragma unroll
-  for (int k = 0; k < 2 * RT; ++k) {
-    const int i = tid + k * C::threads;
-    ssrc[k] = sb + min(tile0 + (i >> 2), nrows - 1) * groups + (i & 3) * 8;
+  for (int k = 0; k < C::sk; ++k) {
+    const int i = min(tid + k * C::threads, C::rows * C::su - 1);
+    ssrc[k] = sb + min(tile0 + i / C::su, nrows - 1) * groups + (i % C::su) * 8;
   }
   int ip = 0, is = 0, imc = 0;  // issue side: pass, column step, tokens in the pass
-  const int8_t* xsrc[T];        // the pass's digit rows and unit rows (group 0)
-  const uint16_t* usrc[T];
+  const int8_t* xsrc[C::xk];    // this thread's digit pieces of the pass (group 0; null: no token)
+  const uint16_t* usrc = nullptr;
   auto pass_rows = [&] {
     imc = min(T, cnt - T * ip);
 #pragma unroll
-    for (int m = 0; m < T; ++m) {
-      const int64_t row = b.in_row[off + T * ip + min(m, imc - 1)];
-      xsrc[m] = b.xq + row * groups * kGroupBytes;
-      usrc[m] = b.xunit + row * unit_pitch(groups);
+    for (int k = 0; k < C::xk; ++k) {
+      const int i = tid + k * C::threads, m = i / C::xp;
+      xsrc[k] = m < imc ? b.xq + int64_t(b.in_row[off + T * ip + m]) * groups * kGroupBytes + (i % C::xp) * 16 : nullptr;
     }
+    const int um = tid / C::su;
+    usrc = tid < C::up && um < imc ? b.xunit + int64_t(b.in_row[off + T * ip + um]) * unit_pitch(groups) + (tid % C::su) * 8 : nullptr;
   };
   if (nsteps > 0) pass_rows();
   // Step j (pass ip, column step is) into stage j % ST; then advance (ip, is).
   auto issue = [&](int j) {
     if (j < nsteps) {
       uint8_t* st = smem + (j % ST) * C::stage;
-      const int s = is, ng = int(min(int64_t(32), groups - 32 * int64_t(s)));
-      if (full_tile && ng == 32) {
-        const uint8_t* src = wsrc + int64_t(s) * 512;
+      const int s = is, ng = int(min(int64_t(SG), groups - SG * int64_t(s)));
+      if (full_tile && ng == SG) {
+        const uint8_t* src = wsrc + int64_t(s) * C::w_pitch;
 #pragma unroll
-        for (int k = 0; k < 16 * RT; ++k) {
-          const int r = warp + k * W;
-          cp16(st + r * 512 + ((lane ^ (r & 7)) << 4), src + k * W * rb);
+        for (int k = 0; k < C::wk; ++k) {
+          const int r = wr0 + k * (C::threads / SG);
+          cp16(st + r * C::w_pitch + ((wu ^ (r & 7)) << 4), src + int64_t(k) * (C::threads / SG) * rb);
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < 16 * RT; ++k) {
-          const int r = warp + k * W;  // a partial last tile re-reads the last row
-          if (lane < ng)
-            cp16(st + r * 512 + ((lane ^ (r & 7)) << 4), wb + min(tile0 + r, nrows - 1) * rb + (int64_t(s) * 32 + lane) * 16);
+        for (int k = 0; k < C::wk; ++k) {
+          const int r = wr0 + k * (C::threads / SG);  // a partial last tile re-reads the last row
+          if (wu < ng)
+            cp16(st + r * C::w_pitch + ((wu ^ (r & 7)) << 4), wb + min(tile0 + r, nrows - 1) * rb + (int64_t(s) * SG + wu) * 16);
         }
       }
       uint8_t* ss = st + C::w_bytes;
       if (scales16) {
 #pragma unroll
-        for (int k = 0; k < 2 * RT; ++k) {
+        for (int k = 0; k < C::sk; ++k) {
           const int i = tid + k * C::threads;
-          if ((i & 3) * 8 < ng) cp16(ss + (i >> 2) * C::s_pitch + (i & 3) * 16, ssrc[k] + s * 32);
+          if (i < C::rows * C::su && (i % C::su) * 8 < ng) cp16(ss + (i / C::su) * C::s_pitch + (i % C::su) * 16, ssrc[k] + s * SG);
         }
       } else {  // small models: plain loads (cp.async needs 4-byte pieces)
         for (int i = tid; i < C::rows * ng; i += C::threads) {
           const int r = i / ng, gi = i % ng;
-          reinterpret_cast<uint16_t*>(ss + r * C::s_pitch)[gi] = sb[min(tile0 + r, nrows - 1) * groups + s * 32 + gi];
+          reinterpret_cast<uint16_t*>(ss + r * C::s_pitch)[gi] = sb[min(tile0 + r, nrows - 1) * groups + s * SG + gi];
         }
       }
       uint8_t* xs = ss + C::s_bytes;
       uint8_t* us = xs + C::x_bytes;
 #pragma unroll
-      for (int m = 0; m < T; ++m) {
-        if (m >= imc) break;
-        const int8_t* xsm = xsrc[m] + int64_t(s) * 32 * kGroupBytes;
-        for (int i = tid; i < ng * 8; i += C::threads) cp16(xs + m * (32 * kGroupBytes) + i * 16, xsm + i * 16);
-        if (tid * 8 < ng) cp16(us + m * 64 + tid * 16, usrc[m] + int64_t(s) * 32 + tid * 8);  // padded rows
+      for (int k = 0; k < C::xk; ++k) {
+        const int i = tid + k * C::threads;
+        if (xsrc[k] != nullptr && (i % C::xp) / 8 < ng) cp16(xs + (i / C::xp) * C::x_pitch + (i % C::xp) * 16, xsrc[k] + int64_t(s) * C::x_pitch);
       }
+      if (usrc != nullptr && (tid % C::su) * 8 < ng) cp16(us + tid * 16, usrc + int64_t(s) * SG);  // padded rows
       if (++is == S) {
         is = 0;
         ++ip;
@@ -239,6 +307,7 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   for (int j = 0; j < ST - 1; ++j) issue(j);
 
   const int g = lane >> 2, t = lane & 3;
+  const int wr = warp % WR, tb = (warp / WR) * 2 * MP;  // this warp's row tiles and first token of a pass
   float acc[RT][MP][2];
   int p = 0, s = 0;  // pass and column step of step j
 #pragma unroll 1
@@ -247,22 +316,22 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
     __syncthreads();  // step j visible to all; everyone is done with step j − 1's stage
     issue(j + ST - 1);
     const uint8_t* st = smem + (j % ST) * C::stage;
-    const int ng = int(min(int64_t(32), groups - 32 * int64_t(s))), mc = min(T, cnt - T * p);
+    const int ng = int(min(int64_t(SG), groups - SG * int64_t(s))), mc = min(T, cnt - T * p);
     if (s == 0)
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
         for (int q = 0; q < MP; ++q) acc[rt][q][0] = acc[rt][q][1] = 0.0f;
-    // Pair q's B column g = token 2q + g / 4, digit g % 4 (a missing token repeats the last one); its
-    // C columns 2t, 2t + 1 = token 2q + t / 2, digits 2(t % 2) and 2(t % 2) + 1.
+    // Pair q's B column g = token tb + 2q + g / 4, digit g % 4 (a missing token repeats the last one);
+    // its C columns 2t, 2t + 1 = token tb + 2q + t / 2, digits 2(t % 2) and 2(t % 2) + 1.
     const uint8_t* xb[MP];
     const uint16_t* ub[MP];
 #pragma unroll
     for (int q = 0; q < MP; ++q) {
-      xb[q] = st + C::w_bytes + C::s_bytes + min(2 * q + (g >> 2), mc - 1) * (32 * kGroupBytes) + (g & 3) * 32 + t * 8;
-      ub[q] = reinterpret_cast<const uint16_t*>(st + C::w_bytes + C::s_bytes + C::x_bytes) + min(2 * q + (t >> 1), mc - 1) * 32;
+      xb[q] = st + C::w_bytes + C::s_bytes + min(tb + 2 * q + (g >> 2), mc - 1) * C::x_pitch + (g & 3) * 32 + t * 8;
+      ub[q] = reinterpret_cast<const uint16_t*>(st + C::w_bytes + C::s_bytes + C::x_bytes) + min(tb + 2 * q + (t >> 1), mc - 1) * SG;
     }
-    const int pairs = (mc + 1) / 2;  // token pairs present in this pass (warp-uniform)
+    const int pairs = max(0, min(MP, (mc - tb + 1) / 2));  // this warp's token pairs in the pass (warp-uniform)
     const uint32_t m4 = 0xf0f0f0f0u, f8 = 0x80808080u;
     // Groups gi and gi + 1 (the latter only if `second`): one ldmatrix and `pairs` MMAs a group per
     // 16-row tile; full: all MP pairs present (no branch in the unrolled loop: branches kept the
@@ -279,10 +348,10 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
       }
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
-        const int r0 = (warp * RT + rt) * 16;  // the tile's first row in the block
+        const int r0 = (wr * RT + rt) * 16;  // the tile's first row in the block
         // ldmatrix x4: lanes 8i … 8i + 7 address matrix i's rows: (rows 0–7 | 8–15) × (group gi | gi + 1).
         const int lr = r0 + (lane & 7) + ((lane >> 3) & 1) * 8, lu = gi + (lane >> 4);
-        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(st + lr * 512 + ((lu ^ (lr & 7)) << 4)));
+        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(st + lr * C::w_pitch + ((lu ^ (lr & 7)) << 4)));
         uint32_t w[4];  // word t of: row g group gi, row g + 8 group gi, row g group gi + 1, row g + 8 group gi + 1
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
@@ -296,7 +365,7 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
           const uint32_t fa[4] = {s8_even(wg, m4, f8), s8_even(wg8, m4, f8), s8_odd(wg, m4, f8), s8_odd(wg8, m4, f8)};
 #pragma unroll
           for (int q = 0; q < MP; ++q) {
-            if (!kFull && q > 0 && q >= pairs) break;
+            if (!kFull && q >= pairs) break;
             const uint32_t sc0 = bf16x2_mul(s0, u[q]), sc8 = bf16x2_mul(s8, u[q]);  // rows g, g + 8
             int c[4];
             mma_s8(c, fa, bq[q].x, bq[q].y);
@@ -308,18 +377,20 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
         if (second) group(w[2], w[3], b1, true);
       }
     };
-    if ((ng & 1) == 0 && pairs == MP) {  // every group count of K2, a full pass
+    if (pairs > 0) {
+      if ((ng & 1) == 0 && pairs == MP) {  // every group count of K2, a full pass
 #pragma unroll 4
-      for (int gi = 0; gi < ng; gi += 2) pair(gi, true, std::true_type{});
-    } else {
-      for (int gi = 0; gi < ng; gi += 2) pair(gi, gi + 1 < ng, std::false_type{});
+        for (int gi = 0; gi < ng; gi += 2) pair(gi, true, std::true_type{});
+      } else {
+        for (int gi = 0; gi < ng; gi += 2) pair(gi, gi + 1 < ng, std::false_type{});
+      }
     }
     if (s == S - 1) {
-      // Lane t even holds token 2q + t / 2's low part, lane t + 1 its high part: y = high · 2^16 + low.
+      // Lane t even holds token tb + 2q + t / 2's low part, lane t + 1 its high part: y = high · 2^16 + low.
 #pragma unroll
       for (int q = 0; q < MP; ++q) {
         if (q >= pairs) break;
-        const int m = 2 * q + (t >> 1);
+        const int m = tb + 2 * q + (t >> 1);
         const bool mine = (t & 1) == 0 && m < mc;
         float* yr = y + int64_t(b.out_row[off + T * p + min(m, mc - 1)]) * ldy;
 #pragma unroll
@@ -328,7 +399,7 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
           for (int h = 0; h < 2; ++h) {
             const float hi = __shfl_xor_sync(0xffffffffu, acc[rt][q][h], 1);
             const float v = fmaf(hi, 65536.0f, acc[rt][q][h]);  // meaningful in the even lanes
-            const int64_t row = tile0 + (warp * RT + rt) * 16 + g + 8 * h;
+            const int64_t row = tile0 + (wr * RT + rt) * 16 + g + 8 * h;
             if (ep == int(Epilogue::swiglu)) {
               const float up = __shfl_xor_sync(0xffffffffu, v, 4);  // row ^ 1 sits 4 lanes away
               if (mine && (g & 1) == 0 && row + 1 < nrows) yr[row / 2] = v / (1.0f + expf(-v)) * up;
@@ -345,22 +416,28 @@ __global__ void __launch_bounds__(W * 32) expert_imma_kernel(ExpertBatch b, floa
   }
 }
 
-// Calls f(W, RT, ST, MP as integral constants) for kImmaTiles[tile] (kernel_config.h).
+// One kImmaTiles entry as a type: its kernel and its shared-memory plan.
+template <int WR, int WT, int RT, int ST, int MP, int SG, bool OP>
+struct Tile {
+  using C = Imma<WR, WT, RT, ST, MP, SG, OP>;
+  static constexpr auto kernel = expert_imma_kernel<WR, WT, RT, ST, MP, SG, OP>;
+};
+
+// Calls f(Tile<…>{}) for kImmaTiles[tile] (kernel_config.h).
 template <class F>
 void with_imma(int tile, F&& f) {
-#define KD_IMMA(i)                                                                                            \
-  case i:                                                                                                     \
-    f(std::integral_constant<int, kImmaTiles[i].W>{}, std::integral_constant<int, kImmaTiles[i].RT>{},        \
-      std::integral_constant<int, kImmaTiles[i].ST>{}, std::integral_constant<int, kImmaTiles[i].MP>{});      \
+#define KD_IMMA(i)                                                                                                   \
+  case i:                                                                                                            \
+    f(Tile<kImmaTiles[i].WR, kImmaTiles[i].WT, kImmaTiles[i].RT, kImmaTiles[i].ST, kImmaTiles[i].MP, kImmaTiles[i].SG, kImmaTiles[i].OP>{}); \
     return;
   switch (tile) {
-    KD_IMMA(0) KD_IMMA(1)
+    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2) KD_IMMA(3) KD_IMMA(4) KD_IMMA(5) KD_IMMA(6) KD_IMMA(7)
     default:
       fail("CUDA expert IMMA tile ", tile, " does not exist (0 … ", kImmaTileCount - 1, ")");
   }
 #undef KD_IMMA
 }
-static_assert(kImmaTileCount == 2, "with_imma lists every kImmaTiles entry");
+static_assert(kImmaTileCount == 8, "with_imma lists every kImmaTiles entry");
 
 }  // namespace
 
@@ -379,34 +456,33 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
   const int64_t warps = b.x_rows * groups;
   launch("expert digits", digits_kernel, dim3(unsigned((warps * 32 + 255) / 256)), dim3(256), 0, s, x, ldx, b.x_rows, groups, b.xq,
          b.xunit);
-  const bool down = b.w.rows > b.w.cols;
-  const bool wide = b.max_rows_per_expert >= (down ? kImmaWideDownRows : kImmaWideGateUpRows);
-  with_imma(b.imma_tile >= 0 ? b.imma_tile : wide ? kImmaWideTile : kImmaNarrowTile, [&](auto w, auto rt, auto st, auto mp) {
-    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
-    using C = Imma<W, RT, ST, MP>;
-    constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;
+  with_imma(b.imma_tile >= 0 ? b.imma_tile : imma_tile_for(b.w.rows, b.w.cols, b.max_rows_per_expert), [&](auto tile) {
+    using Tl = decltype(tile);
+    using C = typename Tl::C;
     static std::atomic<uint64_t> opted{0};  // above 48 KB of dynamic shared memory needs the opt-in, a device each
-    opt_in_smem(k, C::smem, opted, "expert_imma shared memory");
-    const dim3 grid(unsigned((b.w.rows + C::rows - 1) / C::rows), unsigned(b.max_active));
-    launch("expert_linear (IMMA)", k, grid, dim3(C::threads), C::smem, s, b, y, ldy, int(ep));
+    opt_in_smem(Tl::kernel, C::smem, opted, "expert_imma shared memory");
+    if (C::one_pass && b.entries <= 0)
+      fail("CUDA expert_linear (IMMA): ExpertBatch::entries (rows × top-k, the prefill tiles' grid bound) is not set");
+    launch("expert_linear (IMMA)", Tl::kernel, imma_grid<C>(b), dim3(C::threads), C::smem, s, b, y, ldy, int(ep));
   });
 }
 
 std::string expert_imma_describe(int tile) {
   std::string out;
-  with_imma(tile, [&](auto w, auto rt, auto st, auto mp) {
-    constexpr int W = decltype(w)::value, RT = decltype(rt)::value, ST = decltype(st)::value, MP = decltype(mp)::value;
-    using C = Imma<W, RT, ST, MP>;
-    constexpr auto k = expert_imma_kernel<W, RT, ST, MP>;
+  with_imma(tile, [&](auto tl) {
+    using Tl = decltype(tl);
+    using C = typename Tl::C;
     cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, k), "cudaFuncGetAttributes");
-    check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
+    check(cudaFuncGetAttributes(&fa, Tl::kernel), "cudaFuncGetAttributes");
+    check(cudaFuncSetAttribute(Tl::kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem), "expert_imma shared memory");
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, C::threads, C::smem), "occupancy");
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "IMMA W%d RT%d ST%d MP%d (%d rows): %d regs, %d spill B, smem %.0f KB, %d blk/SM, %.0f KB w in flight/SM",
-                  W, RT, ST, MP, C::rows, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0, blocks,
-                  double(blocks) * (ST - 1) * (C::w_bytes + C::s_bytes) / 1024.0);
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Tl::kernel, C::threads, C::smem), "occupancy");
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "IMMA %dx%d warps RT%d ST%d MP%d SG%d%s (%d rows x %d tokens): %d regs, %d spill B, smem %.0f KB, %d blk/SM, "
+                  "%.0f KB w in flight/SM",
+                  C::wr, C::wt, C::rt, C::st, C::mp, C::sg, C::op ? " one pass a block" : "", C::rows, C::T, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0,
+                  blocks, double(blocks) * (C::st - 1) * (C::w_bytes + C::s_bytes) / 1024.0);
     out = buf;
   });
   return out;

@@ -58,23 +58,41 @@ struct LinearConfig {
 };
 
 // ---- INT4 routed experts on the integer tensor cores (expert_imma.cu) ------------------------------
-// Tile shapes of expert_imma_kernel: W warps × RT 16-row tiles a block, ST cp.async stages, MP token
-// pairs a pass (each unpacked weight fragment serves MP MMAs). Shared memory a block =
-// ST × (W·RT·16 rows × 592 B + MP · 8.4 KB). All write the same bits.
+// Tile shapes of expert_imma_kernel: WR × WT warps a block, each owning RT 16-row tiles (row warp) and
+// MP token pairs (token warp) of a pass; ST cp.async stages of SG groups of columns (32: 1024-column
+// steps, 8: 256). Shared memory a block = ST × (WR·RT·16 rows × (18·SG + pad) B + 2·MP·WT tokens ×
+// 130·SG B). All write the same bits (the per-group chain of each output is the same; exact integer
+// products).
 struct ImmaTile {
   const char* name;  // the sweep's label, as docs/perf.md names it
-  int W, RT, ST, MP;
+  int WR, WT, RT, ST, MP, SG;
+  bool OP;  // one pass a block: a block per (active expert, pass) item instead of a loop over the passes
 };
 // The rule (H200 sweep at f577f02, docs/perf.md): i2 (4 blocks × 2 warps an SM: faster than 2 × 4 and
 // 1 × 8 at every batch), i7 (4 tokens a pass) once the forward has ≥ kImmaWideGateUpRows rows (gate/up,
-// rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound.
+// rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound;
+// from kImmaPrefillRows rows a prefill tile (128 weight rows × 16 tokens a block: each staged weight
+// fragment serves 8 token pairs and each staged token row 4 row warps; H100 sweep, docs/perf.md).
+// 64 tokens a block (2 × 4 warps of 64 rows × 16 tokens) spilled at 255 registers.
 inline constexpr ImmaTile kImmaTiles[] = {
-    {"i2", 2, 1, 2, 1},  // 0: 32 rows, 55 KB → 4 blocks an SM
-    {"i7", 4, 1, 2, 2},  // 1: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
+    // name   WR WT RT ST MP SG  OP
+    {"i2",     2, 1, 1, 2, 1, 32, false},  // 0: 32 rows, 55 KB → 4 blocks an SM
+    {"i7",     4, 1, 1, 2, 2, 32, false},  // 1: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
+    {"p16",    4, 1, 2, 3, 8, 8,  false},  // 2: 128 rows × 16 tokens, 4 warps, 103 KB → 2 blocks
+    {"p32",    4, 2, 2, 3, 8, 8,  false},  // 3: 128 rows × 32 tokens, 8 warps, 152 KB → 1 block
+    {"p16i",   4, 1, 2, 3, 8, 8,  true},   // 4: p16, one pass a block
+    {"p32i",   4, 2, 2, 3, 8, 8,  true},   // 5: p32, one pass a block
+    {"p16wi",  8, 1, 2, 3, 8, 8,  true},   // 6: 256 rows × 16 tokens, 8 warps, 157 KB, one pass a block
+    {"p16ri",  8, 1, 1, 3, 8, 8,  true},   // 7: 128 rows × 16 tokens, 8 warps of 16 rows, one pass a block
 };
 inline constexpr int kImmaTileCount = int(sizeof(kImmaTiles) / sizeof(kImmaTiles[0]));
-inline constexpr int kImmaNarrowTile = 0, kImmaWideTile = 1;
-inline constexpr int64_t kImmaWideGateUpRows = 128, kImmaWideDownRows = 256;
+inline constexpr int kImmaNarrowTile = 0, kImmaWideTile = 1, kImmaPrefillTile = 2;
+inline constexpr int64_t kImmaWideGateUpRows = 128, kImmaWideDownRows = 256, kImmaPrefillRows = 1024;
+// The rule's choice for a [rows, cols] expert matrix in a forward of n rows.
+constexpr int imma_tile_for(int64_t rows, int64_t cols, int64_t n) {
+  if (n >= kImmaPrefillRows) return kImmaPrefillTile;
+  return n >= (rows > cols ? kImmaWideDownRows : kImmaWideGateUpRows) ? kImmaWideTile : kImmaNarrowTile;
+}
 
 // Which kernel family cuda::expert_linear runs for INT4 experts (ExpertBatch::path).
 enum class ExpertPath : int {
