@@ -73,7 +73,10 @@ struct ImmaTile {
 // rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound;
 // from kImmaPrefillRows rows a prefill tile (128 weight rows × 16 tokens a block: each staged weight
 // fragment serves 8 token pairs and each staged token row 4 row warps; H100 sweep, docs/perf.md).
-// 64 tokens a block (2 × 4 warps of 64 rows × 16 tokens) spilled at 255 registers.
+// 64 tokens a block (2 × 4 warps of 64 rows × 16 tokens) spilled at 255 registers. p32 and the one-pass
+// tiles (…i) lost to p16 on the H100 sweep at every n (docs/perf.md: latency-bound at 8 warps an SM, not
+// bandwidth-bound, so sharing a weight tile through L2 bought nothing); kept until the H200 sweep of the
+// 12-layer slice decides, then retired.
 inline constexpr ImmaTile kImmaTiles[] = {
     // name   WR WT RT ST MP SG  OP
     {"i2",     2, 1, 1, 2, 1, 32, false},  // 0: 32 rows, 55 KB → 4 blocks an SM
