@@ -12,6 +12,8 @@
 
 namespace kd::cli {
 
+double bench_median(std::vector<double> v);  // 0 for none; the mean of the middle two for an even count
+
 struct SpecConfig {
   std::string label;  // "16", "auto", …
   SpecOptions so;

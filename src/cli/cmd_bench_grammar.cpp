@@ -25,13 +25,6 @@ namespace kd::cli {
 
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string read_file(const std::string& path, const char* flag) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(flag, " ", path, ": cannot open the file");
@@ -179,7 +172,7 @@ int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32
           runs[2 * ci + size_t(1 - masked)].push_back(std::move(s));
         }
     }
-    const double ar_med = median(ar_tps);
+    const double ar_med = bench_median(ar_tps);
     nlohmann::ordered_json jp;
     jp["index"] = pi;
     jp["n_prompt"] = prompts[pi].size();
@@ -196,7 +189,7 @@ int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32
       for (int k = 0; k < 2; ++k) {
         std::vector<double> tps, tau, nodes;
         for (const Run& s : runs[2 * ci + size_t(k)]) tps.push_back(s.tps()), tau.push_back(s.tau()), nodes.push_back(s.drafted_per_round());
-        const double t = median(tps), ta = median(tau), nd = median(nodes), x = ar_med > 0 ? t / ar_med : 0;
+        const double t = bench_median(tps), ta = bench_median(tau), nd = bench_median(nodes), x = ar_med > 0 ? t / ar_med : 0;
         (k == 0 ? tau_m : tau_u)[ci].push_back(ta);
         (k == 0 ? x_m : x_u)[ci].push_back(x);
         nlohmann::ordered_json m;
@@ -219,14 +212,14 @@ int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     nlohmann::ordered_json s;
     s["config"] = configs[ci].label;
-    s["masked_median_tau"] = median(tau_m[ci]);
-    s["masked_median_speedup"] = median(x_m[ci]);
-    s["unmasked_median_tau"] = median(tau_u[ci]);
-    s["unmasked_median_speedup"] = median(x_u[ci]);
+    s["masked_median_tau"] = bench_median(tau_m[ci]);
+    s["masked_median_speedup"] = bench_median(x_m[ci]);
+    s["unmasked_median_tau"] = bench_median(tau_u[ci]);
+    s["unmasked_median_speedup"] = bench_median(x_u[ci]);
     jsum.push_back(s);
     if (tty)
       std::printf("%-6s: median over %zu prompts — masked draft τ %.2f, %.2f× AR; unmasked τ %.2f, %.2f× AR (outputs == AR)\n",
-                  configs[ci].label.c_str(), prompts.size(), median(tau_m[ci]), median(x_m[ci]), median(tau_u[ci]), median(x_u[ci]));
+                  configs[ci].label.c_str(), prompts.size(), bench_median(tau_m[ci]), bench_median(x_m[ci]), bench_median(tau_u[ci]), bench_median(x_u[ci]));
   }
   if (o.json) {
     nlohmann::ordered_json j;

@@ -24,6 +24,13 @@
 
 namespace kd::cli {
 
+double bench_median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 bool has_repetition_loop(const std::vector<int32_t>& ids, int64_t min_len, int64_t min_count) {
   if (min_len < 1 || min_count < 2) fail("repetition loop: an n-gram of at least 1 token seen at least twice");
   const int64_t n = int64_t(ids.size());
@@ -39,13 +46,6 @@ bool has_repetition_loop(const std::vector<int32_t>& ids, int64_t min_len, int64
 }
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::vector<int32_t> parse_id_list(const std::string& s, const std::string& flag) {
   std::vector<int32_t> ids;
@@ -212,7 +212,7 @@ int cmd_bench_spec(const BenchOptions& o) {
       }
     }
     const bool loop = has_repetition_loop(ar_ids, kLoopNgram, kLoopCount);
-    const double ar_med = median(ar_tps);
+    const double ar_med = bench_median(ar_tps);
     nlohmann::ordered_json jp;
     jp["index"] = pi;
     jp["n_prompt"] = prompt.size();
@@ -227,7 +227,7 @@ int cmd_bench_spec(const BenchOptions& o) {
       for (const Sample& x : samples[ci]) tps.push_back(x.tps), ar_steps.push_back(double(x.ar_steps));
       std::vector<double> tau_runs;
       for (const Sample& x : samples[ci]) tau_runs.push_back(x.tau);
-      const double t_med = median(tps), tau_med = median(tau_runs), speedup = ar_med > 0 ? t_med / ar_med : 0;
+      const double t_med = bench_median(tps), tau_med = bench_median(tau_runs), speedup = ar_med > 0 ? t_med / ar_med : 0;
       (loop ? speedups_loop : speedups)[ci].push_back(speedup);
       (loop ? taus_loop : taus)[ci].push_back(tau_med);
       nlohmann::ordered_json r;
@@ -240,16 +240,16 @@ int cmd_bench_spec(const BenchOptions& o) {
       if (configs[ci].so.auto_budget) {
         std::vector<double> td;
         for (const Sample& x : samples[ci]) td.push_back(x.tau_drafted);
-        r["tau_drafted_rounds"] = median(td);
+        r["tau_drafted_rounds"] = bench_median(td);
         std::vector<double> rounds;
         for (const Sample& x : samples[ci]) rounds.push_back(double(x.rounds));
-        r["ar_steps"] = median(ar_steps);  // (auto's choices follow measured costs: they vary between repetitions)
-        r["rounds"] = median(rounds);
+        r["ar_steps"] = bench_median(ar_steps);  // (auto's choices follow measured costs: they vary between repetitions)
+        r["rounds"] = bench_median(rounds);
         // A drafter always right, × AR, from each repetition's start-up profile; below
         // kSpeculationGate that repetition drafted no round.
         std::vector<double> ceil;
         for (const Sample& x : samples[ci]) ceil.push_back(x.ceiling);
-        r["ceiling_x_ar"] = median(ceil);
+        r["ceiling_x_ar"] = bench_median(ceil);
         r["ceiling_x_ar_runs"] = ceil;
       }
       r["exact"] = true;
@@ -264,17 +264,17 @@ int cmd_bench_spec(const BenchOptions& o) {
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     nlohmann::ordered_json s;
     s["config"] = configs[ci].label;
-    s["median_speedup"] = median(speedups[ci]);
-    s["median_tau"] = median(taus[ci]);
+    s["median_speedup"] = bench_median(speedups[ci]);
+    s["median_tau"] = bench_median(taus[ci]);
     s["prompts"] = speedups[ci].size();
-    s["loop_median_speedup"] = median(speedups_loop[ci]);
-    s["loop_median_tau"] = median(taus_loop[ci]);
+    s["loop_median_speedup"] = bench_median(speedups_loop[ci]);
+    s["loop_median_tau"] = bench_median(taus_loop[ci]);
     s["loop_prompts"] = speedups_loop[ci].size();
     jsum.push_back(s);
     if (tty)
       std::printf("%-10s: median over %zu prompts without a loop τ %.2f, %.2f× AR; over %zu with one τ %.2f, %.2f× AR\n",
-                  configs[ci].label.c_str(), speedups[ci].size(), median(taus[ci]), median(speedups[ci]),
-                  speedups_loop[ci].size(), median(taus_loop[ci]), median(speedups_loop[ci]));
+                  configs[ci].label.c_str(), speedups[ci].size(), bench_median(taus[ci]), bench_median(speedups[ci]),
+                  speedups_loop[ci].size(), bench_median(taus_loop[ci]), bench_median(speedups_loop[ci]));
   }
   if (o.json) {
     nlohmann::ordered_json j;
