@@ -19,6 +19,8 @@ struct SpecConfig {
   SpecOptions so;
 };
 
+// The constrained bench's own flag checks, before anything is loaded.
+void check_constrained(const BenchOptions& o);
 int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32_t>>& prompts,
                       const std::vector<SpecConfig>& configs, const LoadedTarget& lt, const LoadedTarget::Drafters& drafters);
 

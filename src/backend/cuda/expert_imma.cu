@@ -190,7 +190,8 @@ template <class C>
 dim3 imma_grid(const ExpertBatch& b) {
   const int64_t tiles = (b.w.rows + C::rows - 1) / C::rows;
   if (!C::one_pass) return dim3(unsigned(tiles), unsigned(b.max_active));
-  const int64_t items = std::min(b.max_active * ((b.max_rows_per_expert + C::T - 1) / C::T), b.entries / C::T + b.max_active);
+  const int64_t items = b.entries / C::T + b.max_active;  // (max_rows_per_expert is a choice hint, not a bound)
+  if (tiles * items > int64_t(0x7fffffff)) fail("CUDA expert_linear (IMMA): ", tiles * items, " blocks are more than a grid holds");
   return dim3(unsigned(tiles * items));
 }
 
