@@ -3,6 +3,7 @@
 // grammar, then each DDTree configuration with the draft tree masked by the grammar (the default) and
 // unmasked: τ, drafted nodes a round, tokens/s, and whether each output equals AR's (it must).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,10 @@
 
 namespace kd::cli {
 
-double bench_median(std::vector<double> v);  // 0 for none; the mean of the middle two for an even count
+double bench_median(std::vector<double> v);
+// The --json report's head both benches share: model, draft, device, spec, constraint (if any), n_gen,
+// repetitions, temperature, seed.
+nlohmann::ordered_json bench_json_head(const BenchOptions& o, const std::string& device);  // 0 for none; the mean of the middle two for an even count
 
 struct SpecConfig {
   std::string label;  // "16", "auto", …

@@ -227,15 +227,7 @@ int bench_constrained(const BenchOptions& o, const std::vector<std::vector<int32
                   configs[ci].label.c_str(), prompts.size(), bench_median(tau_m[ci]), bench_median(x_m[ci]), bench_median(tau_u[ci]), bench_median(x_u[ci]));
   }
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["model"] = o.model;
-    j["draft"] = o.draft;
-    j["device"] = target.device();
-    j["constraint"] = o.json_schema.empty() ? nlohmann::ordered_json{{"gbnf", o.gbnf}} : nlohmann::ordered_json{{"json_schema", o.json_schema}};
-    j["n_gen"] = o.n_gen;
-    j["repetitions"] = o.repetitions;
-    j["temperature"] = o.temp;
-    j["seed"] = o.seed;
+    nlohmann::ordered_json j = bench_json_head(o, target.device());
     j["prompts"] = jprompts;
     j["summary"] = jsum;
     std::printf("%s\n", j.dump().c_str());

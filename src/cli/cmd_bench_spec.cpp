@@ -31,6 +31,21 @@ double bench_median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+nlohmann::ordered_json bench_json_head(const BenchOptions& o, const std::string& device) {
+  nlohmann::ordered_json j;
+  j["model"] = o.model;
+  j["draft"] = o.draft;
+  j["device"] = device;
+  j["spec"] = o.spec;
+  if (!o.json_schema.empty()) j["constraint"] = {{"json_schema", o.json_schema}};
+  if (!o.gbnf.empty()) j["constraint"] = {{"gbnf", o.gbnf}};
+  j["n_gen"] = o.n_gen;
+  j["repetitions"] = o.repetitions;
+  j["temperature"] = o.temp;
+  j["seed"] = o.seed;
+  return j;
+}
+
 bool has_repetition_loop(const std::vector<int32_t>& ids, int64_t min_len, int64_t min_count) {
   if (min_len < 1 || min_count < 2) fail("repetition loop: an n-gram of at least 1 token seen at least twice");
   const int64_t n = int64_t(ids.size());
@@ -278,15 +293,7 @@ int cmd_bench_spec(const BenchOptions& o) {
                   speedups_loop[ci].size(), bench_median(taus_loop[ci]), bench_median(speedups_loop[ci]));
   }
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["model"] = o.model;
-    j["draft"] = o.draft;
-    j["device"] = target.device();
-    j["spec"] = o.spec;
-    j["n_gen"] = o.n_gen;
-    j["repetitions"] = o.repetitions;
-    j["temperature"] = o.temp;
-    j["seed"] = o.seed;
+    nlohmann::ordered_json j = bench_json_head(o, target.device());
     j["loop_rule"] = {{"ngram", kLoopNgram}, {"count", kLoopCount}};
     j["prompts"] = jprompts;
     j["summary"] = jsum;
