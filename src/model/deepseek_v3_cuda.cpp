@@ -264,7 +264,6 @@ void CudaTarget::Impl::run(int64_t n, int64_t vcap, int64_t max_keys, int64_t n_
       gu.out_row = entry_slot;   // … and write its slot i·K + k
       gu.max_active = std::min(E, n * K);
       gu.max_rows_per_expert = n;
-      gu.entries = n * K;
       gu.x_rows = n;
       gu.xq = xq;
       gu.xunit = xunit;

@@ -108,7 +108,6 @@ struct DevRouting {
     b.out_row = dout.as<int32_t>();
     b.max_active = std::min(E, n * K);
     b.max_rows_per_expert = n;
-    b.entries = n * K;
     return b;
   }
 };

@@ -105,16 +105,11 @@ __global__ void digits_kernel(const float* __restrict__ x, int64_t ldx, int64_t 
 // groups][128 B] and units [T][SG] bf16. Each unpacked weight fragment serves MP MMAs; each staged
 // digit row serves WR warps — the two reuses a wide batch (prefill, large trees) needs, where a pass
 // of few tokens re-streamed the expert's weights from L2 for every 4 tokens (docs/perf.md).
-template <int WR, int WT, int RT, int ST, int MP, int SG, bool OP>
+template <int WR, int WT, int RT, int ST, int MP, int SG>
 struct Imma {
   static_assert(SG == 8 || SG == 32, "steps of 8 or 32 groups (the weight swizzle permutes runs of 8 units)");
   static_assert(ST >= 2, "double buffering at least");
-  static constexpr int wr = WR, wt = WT, rt = RT, st = ST, mp = MP, sg = SG, op = OP;
-  // OP: one pass a block — the block is an item (active expert, pass), so the blocks that read one
-  // weight tile run side by side and share it through L2 (a block looping over its expert's passes
-  // re-streams its tile every pass: 128 rows × 7 KB × 264 blocks in flight is more than L2). Else the
-  // block loops over its expert's passes (the decode tiles: one pass is the common case there).
-  static constexpr bool one_pass = OP;
+  static constexpr int wr = WR, wt = WT, rt = RT, st = ST, mp = MP, sg = SG;
   static constexpr int W = WR * WT, threads = W * 32;
   static constexpr int rows = WR * 16 * RT, T = WT * 2 * MP;
   static constexpr int w_pitch = SG * 16, w_bytes = rows * w_pitch;
@@ -159,66 +154,25 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return r;
 }
 
-// Item `item` of the pass list (each active expert's ceil(cnt / T) passes, experts in order) → its
-// active expert a and pass t; false past the list's end. Each warp scans the counts 32 at a time.
-__device__ __forceinline__ bool find_item(const ExpertBatch& b, int item, int T, int& a, int& t) {
-  const int lane = int(threadIdx.x) & 31, na = *b.n_active;
-  int before = 0;  // items of the chunks already passed
-  for (int c0 = 0; c0 < na; c0 += 32) {
-    const int i = c0 + lane, k = i < na ? (b.act_cnt[i] + T - 1) / T : 0;
-    int incl = k;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    const int total = __shfl_sync(0xffffffffu, incl, 31);
-    if (item < before + total) {
-      const int l = __ffs(__ballot_sync(0xffffffffu, item < before + incl)) - 1;
-      a = c0 + l;
-      t = item - before - __shfl_sync(0xffffffffu, incl - k, l);
-      return true;
-    }
-    before += total;
-  }
-  return false;
-}
-
-// The grid: (row tiles, active experts), or (one_pass) (row tiles × an upper bound on the items, 1),
-// Σ ceil(cnt / T) ≤ entries / T + active experts (x holds 2^31 − 1 blocks, y only 65,535).
+// The grid: (row tiles, active experts); a block loops over its expert's passes.
 template <class C>
 dim3 imma_grid(const ExpertBatch& b) {
-  const int64_t tiles = (b.w.rows + C::rows - 1) / C::rows;
-  if (!C::one_pass) return dim3(unsigned(tiles), unsigned(b.max_active));
-  const int64_t items = b.entries / C::T + b.max_active;  // (max_rows_per_expert is a choice hint, not a bound)
-  if (tiles * items > int64_t(0x7fffffff)) fail("CUDA expert_linear (IMMA): ", tiles * items, " blocks are more than a grid holds");
-  return dim3(unsigned(tiles * items));
+  return dim3(unsigned((b.w.rows + C::rows - 1) / C::rows), unsigned(b.max_active));
 }
 
 // grid imma_grid; block W warps; dynamic shared memory Imma::smem.
-template <int WR, int WT, int RT, int ST, int MP, int SG, bool OP>
+template <int WR, int WT, int RT, int ST, int MP, int SG>
 __global__ void __launch_bounds__(WR * WT * 32) expert_imma_kernel(ExpertBatch b, float* y, int64_t ldy, int ep) {
-  using C = Imma<WR, WT, RT, ST, MP, SG, OP>;
+  using C = Imma<WR, WT, RT, ST, MP, SG>;
   constexpr int T = C::T;
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_wait();  // the active experts come from dispatch (common.cuh)
   pdl_trigger();
   const int64_t nrows = b.w.rows, groups = b.w.cols / 32;
-  int64_t tile = blockIdx.x;
-  int a = int(blockIdx.y), off = 0, cnt = 0;
-  if constexpr (C::one_pass) {  // x = item · row tiles + row tile: one item's row tiles side by side
-    const int64_t ntiles = (nrows + C::rows - 1) / C::rows;
-    const int item = int(tile / ntiles);
-    tile %= ntiles;
-    int t = 0;
-    if (!find_item(b, item, T, a, t)) return;
-    off = b.act_off[a] + t * T;
-    cnt = min(T, b.act_cnt[a] - t * T);
-  } else {
-    if (a >= *b.n_active) return;
-    off = b.act_off[a];
-    cnt = b.act_cnt[a];
-  }
+  const int64_t tile = blockIdx.x;
+  const int a = int(blockIdx.y);
+  if (a >= *b.n_active) return;
+  const int off = b.act_off[a], cnt = b.act_cnt[a];
   const int64_t e = b.act_expert[a];
   const int64_t tile0 = tile * C::rows;
   const uint8_t* wb = static_cast<const uint8_t*>(b.w.w) + e * b.w_stride_bytes;
@@ -418,10 +372,10 @@ __global__ void __launch_bounds__(WR * WT * 32) expert_imma_kernel(ExpertBatch b
 }
 
 // One kImmaTiles entry as a type: its kernel and its shared-memory plan.
-template <int WR, int WT, int RT, int ST, int MP, int SG, bool OP>
+template <int WR, int WT, int RT, int ST, int MP, int SG>
 struct Tile {
-  using C = Imma<WR, WT, RT, ST, MP, SG, OP>;
-  static constexpr auto kernel = expert_imma_kernel<WR, WT, RT, ST, MP, SG, OP>;
+  using C = Imma<WR, WT, RT, ST, MP, SG>;
+  static constexpr auto kernel = expert_imma_kernel<WR, WT, RT, ST, MP, SG>;
 };
 
 // Calls f(Tile<…>{}) for kImmaTiles[tile] (kernel_config.h).
@@ -429,16 +383,16 @@ template <class F>
 void with_imma(int tile, F&& f) {
 #define KD_IMMA(i)                                                                                                   \
   case i:                                                                                                            \
-    f(Tile<kImmaTiles[i].WR, kImmaTiles[i].WT, kImmaTiles[i].RT, kImmaTiles[i].ST, kImmaTiles[i].MP, kImmaTiles[i].SG, kImmaTiles[i].OP>{}); \
+    f(Tile<kImmaTiles[i].WR, kImmaTiles[i].WT, kImmaTiles[i].RT, kImmaTiles[i].ST, kImmaTiles[i].MP, kImmaTiles[i].SG>{});                     \
     return;
   switch (tile) {
-    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2) KD_IMMA(3) KD_IMMA(4) KD_IMMA(5) KD_IMMA(6) KD_IMMA(7)
+    KD_IMMA(0) KD_IMMA(1) KD_IMMA(2)
     default:
       fail("CUDA expert IMMA tile ", tile, " does not exist (0 … ", kImmaTileCount - 1, ")");
   }
 #undef KD_IMMA
 }
-static_assert(kImmaTileCount == 8, "with_imma lists every kImmaTiles entry");
+static_assert(kImmaTileCount == 3, "with_imma lists every kImmaTiles entry");
 
 }  // namespace
 
@@ -462,8 +416,6 @@ void expert_linear_imma(const ExpertBatch& b, const float* x, int64_t ldx, float
     using C = typename Tl::C;
     static std::atomic<uint64_t> opted{0};  // above 48 KB of dynamic shared memory needs the opt-in, a device each
     opt_in_smem(Tl::kernel, C::smem, opted, "expert_imma shared memory");
-    if (C::one_pass && b.entries <= 0)
-      fail("CUDA expert_linear (IMMA): ExpertBatch::entries (rows × top-k, the prefill tiles' grid bound) is not set");
     launch("expert_linear (IMMA)", Tl::kernel, imma_grid<C>(b), dim3(C::threads), C::smem, s, b, y, ldy, int(ep));
   });
 }
@@ -480,9 +432,9 @@ std::string expert_imma_describe(int tile) {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Tl::kernel, C::threads, C::smem), "occupancy");
     char buf[200];
     std::snprintf(buf, sizeof buf,
-                  "IMMA %dx%d warps RT%d ST%d MP%d SG%d%s (%d rows x %d tokens): %d regs, %d spill B, smem %.0f KB, %d blk/SM, "
+                  "IMMA %dx%d warps RT%d ST%d MP%d SG%d (%d rows x %d tokens): %d regs, %d spill B, smem %.0f KB, %d blk/SM, "
                   "%.0f KB w in flight/SM",
-                  C::wr, C::wt, C::rt, C::st, C::mp, C::sg, C::op ? " one pass a block" : "", C::rows, C::T, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0,
+                  C::wr, C::wt, C::rt, C::st, C::mp, C::sg, C::rows, C::T, fa.numRegs, int(fa.localSizeBytes), C::smem / 1024.0,
                   blocks, double(blocks) * (C::st - 1) * (C::w_bytes + C::s_bytes) / 1024.0);
     out = buf;
   });

@@ -66,27 +66,21 @@ struct LinearConfig {
 struct ImmaTile {
   const char* name;  // the sweep's label, as docs/perf.md names it
   int WR, WT, RT, ST, MP, SG;
-  bool OP;  // one pass a block: a block per (active expert, pass) item instead of a loop over the passes
 };
 // The rule (H200 sweep at f577f02, docs/perf.md): i2 (4 blocks × 2 warps an SM: faster than 2 × 4 and
 // 1 × 8 at every batch), i7 (4 tokens a pass) once the forward has ≥ kImmaWideGateUpRows rows (gate/up,
 // rows ≤ cols) or ≥ kImmaWideDownRows (down) — prefill and large trees, where a pass is compute-bound;
 // from kImmaPrefillRows rows a prefill tile (128 weight rows × 16 tokens a block: each staged weight
 // fragment serves 8 token pairs and each staged token row 4 row warps; H100 sweep, docs/perf.md).
-// 64 tokens a block (2 × 4 warps of 64 rows × 16 tokens) spilled at 255 registers. p32 and the one-pass
-// tiles (…i) lost to p16 on the H100 sweep at every n (docs/perf.md: latency-bound at 8 warps an SM, not
-// bandwidth-bound, so sharing a weight tile through L2 bought nothing); kept until the H200 sweep of the
-// 12-layer slice decides, then retired.
+// 64 tokens a block (2 × 4 warps of 64 rows × 16 tokens) spilled at 255 registers. Retired after the H100
+// sweep (docs/perf.md "Prefill tiles for the INT4 experts"): p32 (128 × 32 tokens) and the one-pass-a-block
+// tiles p16i / p32i / p16wi / p16ri lost to p16 at every n (latency-bound at 8 warps an SM, not
+// bandwidth-bound, so sharing a weight tile through L2 bought nothing).
 inline constexpr ImmaTile kImmaTiles[] = {
-    // name   WR WT RT ST MP SG  OP
-    {"i2",     2, 1, 1, 2, 1, 32, false},  // 0: 32 rows, 55 KB → 4 blocks an SM
-    {"i7",     4, 1, 1, 2, 2, 32, false},  // 1: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
-    {"p16",    4, 1, 2, 3, 8, 8,  false},  // 2: 128 rows × 16 tokens, 4 warps, 103 KB → 2 blocks
-    {"p32",    4, 2, 2, 3, 8, 8,  false},  // 3: 128 rows × 32 tokens, 8 warps, 152 KB → 1 block
-    {"p16i",   4, 1, 2, 3, 8, 8,  true},   // 4: p16, one pass a block
-    {"p32i",   4, 2, 2, 3, 8, 8,  true},   // 5: p32, one pass a block
-    {"p16wi",  8, 1, 2, 3, 8, 8,  true},   // 6: 256 rows × 16 tokens, 8 warps, 157 KB, one pass a block
-    {"p16ri",  8, 1, 1, 3, 8, 8,  true},   // 7: 128 rows × 16 tokens, 8 warps of 16 rows, one pass a block
+    // name   WR WT RT ST MP SG
+    {"i2",     2, 1, 1, 2, 1, 32},  // 0: 32 rows, 55 KB → 4 blocks an SM
+    {"i7",     4, 1, 1, 2, 2, 32},  // 1: 4 tokens a pass, 64 rows, 109 KB → 2 blocks
+    {"p16",    4, 1, 2, 3, 8, 8},   // 2: 128 rows × 16 tokens, 4 warps, 103 KB → 2 blocks
 };
 inline constexpr int kImmaTileCount = int(sizeof(kImmaTiles) / sizeof(kImmaTiles[0]));
 inline constexpr int kImmaNarrowTile = 0, kImmaWideTile = 1, kImmaPrefillTile = 2;

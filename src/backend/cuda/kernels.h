@@ -55,7 +55,6 @@ struct ExpertBatch {
   const int32_t* in_row = nullptr, *out_row = nullptr;                          // [entries]
   int64_t max_active = 0;           // grid bound: min(n_experts, rows × top_k)
   int64_t max_rows_per_expert = 1;  // the forward's row count: kernel choices by the batch (same bits)
-  int64_t entries = 0;              // (token, expert) entries in in_row / out_row: rows × top-k (grid bound)
   // The integer tensor-core path (expert_imma.cu) splits x rows [0, x_rows) into digits first:
   // scratch of expert_digit_bytes(x_rows, w.cols) bytes (16-byte aligned) and
   // expert_digit_units(x_rows, w.cols) bf16 units, owned by the caller (a forward keeps one for all layers).
