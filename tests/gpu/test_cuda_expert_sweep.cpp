@@ -195,7 +195,8 @@ TEST(CudaExperts, ConfigSweep) {
 
 // Shapes that leave partial blocks, token passes and column steps: 102 rows (not a multiple of any
 // tile's 32, 64 or 128 rows a block); 2048 columns (whole steps), 96 (3 groups: less than one step of
-// 8, scales not in 16-byte units) and 2080 (65 groups: a partial last step for every tile); expert 0
+// 8, scales not in 16-byte units), 2080 (65 groups: a partial last step for every tile) and 2304 (72
+// groups: 16-byte scale copies — whole units of 8 — with a partial last step of the 32-group tiles); expert 0
 // serving all 75 tokens (odd, so a pass of token pairs ends on a single token; 3 passes of the
 // 32-token tiles, the last with one token warp idle). Every mode, every epilogue: each token alone ==
 // its rows in the batch; every IMMA tile writes the first tile's bits (the CUDA-core kernel writes
@@ -203,7 +204,7 @@ TEST(CudaExperts, ConfigSweep) {
 TEST(CudaExperts, ConfigsPartialTiles) {
   REQUIRE_GPU();
   std::mt19937 rng(511);
-  for (const int64_t cols : {2048, 96, 2080}) {
+  for (const int64_t cols : {2048, 96, 2080, 2304}) {
     const Mat m{"small", 4, 102, cols, Epilogue::store};
     DevBuf dw(size_t(m.E * m.wbytes())), ds(size_t(m.E * m.sbytes()));
     cuda::fill_words(dw.as<uint32_t>(), m.E * m.wbytes() / 4, 512, nullptr);

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/env.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -32,7 +33,6 @@ namespace {
 
 constexpr int kRowPass = 8;        // qlat / wuv: rows that share one read of a weight
 constexpr int kMaxChunks = 16;     // key chunks of one (row, head) at most
-constexpr int kChunkRows = 32;     // rows a chunked core launch covers (bounds the partials buffer)
 constexpr size_t kMaxSmem = 227 * 1024;  // Hopper's per-block opt-in limit
 // Lists of at most this many keys take mla_short_kernel (CUDA cores, a block for 1, 2 or 4 heads), longer
 // ones the tensor-core kernel. A decode row of a short context has a few dozen keys: the tensor-core grid
@@ -715,16 +715,21 @@ void launch_short(const MlaParams& p, cudaStream_t s) {
 
 }  // namespace
 
+int64_t mla_core_launch_rows() {
+  static const int64_t forced = env_count("KDTREE_CUDA_MLA_LAUNCH_ROWS", 0);
+  return forced > 0 ? forced : kMlaCoreLaunchRows;
+}
+
 int64_t mla_max_keys(int64_t, int64_t) {
   // The core folds a chunk's keys tile by tile, so shared memory does not bound a list; a key
   // position is an int32 (KeyLists), and kMaxChunks chunks of that many tiles stay far inside it.
   return int64_t(1) << 30;
 }
 
-int64_t mla_part_floats(int64_t n, int64_t H, int64_t Lr) { return std::min<int64_t>(n, kChunkRows) * H * kMaxChunks * (Lr + 4); }
+int64_t mla_part_floats(int64_t n, int64_t H, int64_t Lr) { return std::min<int64_t>(n, mla_core_launch_rows()) * H * kMaxChunks * (Lr + 4); }
 
 int64_t mla_qfrag_bytes(int64_t n, int64_t H, int64_t Lr, int64_t dr) {
-  return std::min<int64_t>(n, kChunkRows) * ((H + kHeads - 1) / kHeads) * qfrag_uint4s(Lr + dr) * 16;
+  return std::min<int64_t>(n, mla_core_launch_rows()) * ((H + kHeads - 1) / kHeads) * qfrag_uint4s(Lr + dr) * 16;
 }
 
 void mla_attention(const MlaParams& p, cudaStream_t s) {
@@ -774,12 +779,13 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
     launch_short<2>(p, s);
   else
     launch_short<1>(p, s);
-  // Longer lists, kChunkRows rows a launch (the q fragment and partials buffers hold that many): their
+  // Longer lists, mla_core_launch_rows() rows a launch (the q fragment and partials buffers hold that many): their
   // q fragments, the core, and the combine when a list may span chunks (rows with a short list return
   // at once; a captured graph, sized for its capacity, launches both kernels every step).
   const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads), kbs = unsigned((p.Lr + p.dr + 31) / 32);
-  for (int64_t i0 = 0; any_long && i0 < p.n; i0 += kChunkRows) {
-    const int64_t rows = std::min<int64_t>(kChunkRows, p.n - i0);
+  const int64_t launch_rows = mla_core_launch_rows();
+  for (int64_t i0 = 0; any_long && i0 < p.n; i0 += launch_rows) {
+    const int64_t rows = std::min<int64_t>(launch_rows, p.n - i0);
     launch("mla qfrag", mla_qfrag_kernel, dim3(unsigned(rows), head_blocks, kbs), dim3(kQfragThreads), 0, s, p, i0);
     const dim3 grid(unsigned(rows), head_blocks, unsigned(chunks));
     launch("mla core", core, grid, dim3(kCoreThreads), smem, s, p, i0);

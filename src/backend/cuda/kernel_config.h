@@ -57,6 +57,14 @@ struct LinearConfig {
   int mma_tile = -1;  // −1: by the matrix's shape (kMmaTallRows); else a kMmaTiles index for every shape
 };
 
+// ---- MLA attention's tensor-core core (attention.cu) --------------------------------------------------
+// Rows one core launch covers (scheduling only: a row's bits never depend on it; it sizes the chunk
+// partials buffer, H × 16 chunks × (Lr + 4) floats a row — 2.1 MB for K2's 64 heads).
+inline constexpr int64_t kMlaCoreLaunchRows = 128;
+// kMlaCoreLaunchRows, or KDTREE_CUDA_MLA_LAUNCH_ROWS when set (> 0; read once — a sweep's override, like
+// KDTREE_CUDA_MMA_MIN_ROWS).
+int64_t mla_core_launch_rows();
+
 // ---- INT4 routed experts on the integer tensor cores (expert_imma.cu) ------------------------------
 // Tile shapes of expert_imma_kernel: WR × WT warps a block, each owning RT 16-row tiles (row warp) and
 // MP token pairs (token warp) of a pass; ST cp.async stages of SG groups of columns (32: 1024-column
@@ -75,7 +83,9 @@ struct ImmaTile {
 // 64 tokens a block (2 × 4 warps of 64 rows × 16 tokens) spilled at 255 registers. Retired after the H100
 // sweep (docs/perf.md "Prefill tiles for the INT4 experts"): p32 (128 × 32 tokens) and the one-pass-a-block
 // tiles p16i / p32i / p16wi / p16ri lost to p16 at every n (latency-bound at 8 warps an SM, not
-// bandwidth-bound, so sharing a weight tile through L2 bought nothing).
+// bandwidth-bound, so sharing a weight tile through L2 bought nothing); so did p16w (4 row × 2 token warps)
+// and p16r (8 row warps of 16 rows), the same block over 8 warps with half the accumulators each (175 / 215
+// registers: still one block of 8 warps an SM; 33.2 / 31.8 vs 27.7 ms gate/up at 4096 rows, session 23).
 inline constexpr ImmaTile kImmaTiles[] = {
     // name   WR WT RT ST MP SG
     {"i2",     2, 1, 1, 2, 1, 32},  // 0: 32 rows, 55 KB → 4 blocks an SM
