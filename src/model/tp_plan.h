@@ -93,7 +93,9 @@ RankArgmax combine_rank_argmax(const RankArgmax* per_rank, int32_t ranks, size_t
 
 // The per-GPU memory plan. The workspace is an estimate, not a measurement: a fixed allowance for the
 // CUDA context, cuBLAS workspaces, graphs and communicator buffers, plus the fp32 activations of
-// `rows` rows in flight on one rank (tp_activation_bytes_per_row).
+// `rows` rows in flight on one rank (tp_activation_bytes_per_row). The attention core's work buffers (chunk
+// partials and q fragments for ≤ 128 rows a launch: ≈ 300 MB at K2's 64 heads a rank, 41 MB at 8) are
+// inside the fixed allowance, not counted apart.
 inline constexpr uint64_t kTpWorkspaceFixedBytes = 2ull << 30;  // 2 GiB
 inline constexpr int64_t kTpWorkspaceRows = 256;                // rows of one forward (a verify tree)
 uint64_t tp_activation_bytes_per_row(const ModelConfig& c, const TpPlan& p);

@@ -197,8 +197,8 @@ TEST(CudaExperts, ConfigSweep) {
 // tile's 32, 64 or 128 rows a block); 2048 columns (whole steps), 96 (3 groups: less than one step of
 // 8, scales not in 16-byte units), 2080 (65 groups: a partial last step for every tile) and 2304 (72
 // groups: 16-byte scale copies — whole units of 8 — with a partial last step of the 32-group tiles); expert 0
-// serving all 75 tokens (odd, so a pass of token pairs ends on a single token; 3 passes of the
-// 32-token tiles, the last with one token warp idle). Every mode, every epilogue: each token alone ==
+// serving all 75 tokens (odd, so a pass of token pairs ends on a single token; 5 passes of p16's
+// 16 tokens, the last of 11). Every mode, every epilogue: each token alone ==
 // its rows in the batch; every IMMA tile writes the first tile's bits (the CUDA-core kernel writes
 // other bits: another arithmetic).
 TEST(CudaExperts, ConfigsPartialTiles) {

@@ -2,7 +2,8 @@
 // instantiated from (the H200 sweeps' survivors — the retired configurations and their last measured
 // numbers are in docs/perf.md, "Retired kernels (issue 13)") and the per-call choice structs that
 // travel in the launchers' parameters (LinearConfig; ExpertBatch::path / imma_tile in kernels.h). Nothing here is mutable: a sweep or a test picks a
-// configuration per call, production leaves the defaults, which are the measured choice.
+// configuration per call, production leaves the defaults, which are the measured choice (two defaults may be
+// fed from the environment for end-to-end sweeps, read once: KDTREE_CUDA_MMA_MIN_ROWS, KDTREE_CUDA_MLA_LAUNCH_ROWS).
 //
 // Every configuration of one family writes the same bits for the shapes it is chosen by (the bf16
 // MMA tiles: the same bits for a given matrix, as the choice is a rule of the matrix's shape alone;
@@ -59,7 +60,8 @@ struct LinearConfig {
 
 // ---- MLA attention's tensor-core core (attention.cu) --------------------------------------------------
 // Rows one core launch covers (scheduling only: a row's bits never depend on it; it sizes the chunk
-// partials buffer, H × 16 chunks × (Lr + 4) floats a row — 2.1 MB for K2's 64 heads).
+// partials buffer, H × 16 chunks × (Lr + 4) floats a row — 2.1 MB for K2's 64 heads — and the q-fragment
+// buffer, ⌈H / 16⌉ × 55 KB a row for K2).
 inline constexpr int64_t kMlaCoreLaunchRows = 128;
 // kMlaCoreLaunchRows, or KDTREE_CUDA_MLA_LAUNCH_ROWS when set (> 0; read once — a sweep's override, like
 // KDTREE_CUDA_MMA_MIN_ROWS).

@@ -52,7 +52,7 @@ struct ExpertBatch {
   int64_t w_stride_bytes = 0, scale_stride_elems = 0;
   const int32_t* n_active = nullptr;  // [1] distinct experts in use
   const int32_t* act_expert = nullptr, *act_off = nullptr, *act_cnt = nullptr;  // [max_active]
-  const int32_t* in_row = nullptr, *out_row = nullptr;                          // [entries]
+  const int32_t* in_row = nullptr, *out_row = nullptr;                          // [n × top-k]
   int64_t max_active = 0;           // grid bound: min(n_experts, rows × top_k)
   int64_t max_rows_per_expert = 1;  // the forward's row count: kernel choices by the batch (same bits)
   // The integer tensor-core path (expert_imma.cu) splits x rows [0, x_rows) into digits first:
