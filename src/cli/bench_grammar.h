@@ -13,10 +13,11 @@
 
 namespace kd::cli {
 
+// The median of v (0 for none; the mean of the middle two for an even count). Both benches' (cmd_bench_spec.cpp).
 double bench_median(std::vector<double> v);
 // The --json report's head both benches share: model, draft, device, spec, constraint (if any), n_gen,
 // repetitions, temperature, seed.
-nlohmann::ordered_json bench_json_head(const BenchOptions& o, const std::string& device);  // 0 for none; the mean of the middle two for an even count
+nlohmann::ordered_json bench_json_head(const BenchOptions& o, const std::string& device);
 
 struct SpecConfig {
   std::string label;  // "16", "auto", …
