@@ -366,6 +366,81 @@ TEST(CudaMma, ConfigSweep) {
   }
 }
 
+// The staged prefill GEMM (mma.cu, "Prefill GEMM") writes the tile kernel's bits: for the rule's tile
+// and every tile forced, both block counts, every epilogue, at a tall and a short matrix (both K-split
+// rules), a ragged one (partial 128-row block, K not a multiple of 32) and one whose K leaves most
+// K-slices empty (K = 40: 2 k32 blocks for 4–16 slices), for M = 1, 63, 64, 130 (partial 64-token
+// blocks). Every output written (y starts as NaN), and the GEMM really ran (LinearConfig says so).
+TEST(CudaMma, PrefillGemmBits) {
+  REQUIRE_GPU();
+  std::mt19937 rng(401);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape sh : {Shape{7168, 2048}, Shape{4096, 1024}, Shape{1536, 7168}, Shape{1030, 1000}, Shape{200, 40}}) {
+    const Matrix a(sh.rows, sh.cols, rng);
+    const int64_t Mmax = 130;
+    const std::vector<float> x = normal_x(Mmax * sh.cols, rng), y0 = normal_x(Mmax * sh.rows, rng);
+    for (int tile = -1; tile < cuda::kMmaTileCount; ++tile) {
+      cuda::LinearConfig tiles = mma_path(tile);
+      tiles.mma_gemm_min_m = cuda::kNoMma;
+      for (int blocks : {1, 2}) {
+        cuda::LinearConfig gemm = mma_path(tile);
+        gemm.mma_gemm_min_m = 0;
+        gemm.mma_gemm_blocks = blocks;
+        for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu})
+          for (int64_t M : {1, 63, 64, 130}) {
+            const float* init = ep == Epilogue::add ? y0.data() : nullptr;
+            const std::vector<float> want = run(a, x.data(), M, ep, tiles, init), got = run(a, x.data(), M, ep, gemm, init);
+            for (float v : got) ASSERT_FALSE(std::isnan(v)) << "unwritten output";
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+                << sh.rows << "x" << sh.cols << " tile " << tile << " blocks " << blocks << " epilogue " << int(ep) << " M = " << M;
+          }
+      }
+    }
+  }
+}
+
+// Timing printout (not asserted): the tile kernel against the prefill GEMM (2 and 1 blocks an SM) at
+// K2's MMA shapes for prompt-sized M; µs (median of 5 after 1 warm-up), TFLOP/s counting the three
+// MMAs a k16 step runs (2 · rows · cols · M · 3) and % of the mma.sync rate measured in the same run.
+TEST(CudaMma, PrefillGemmTiming) {
+  REQUIRE_GPU();
+  const double peak = cuda::measure_mma_tflops(5);
+  std::printf("prefill GEMM timing; mma.sync bf16 ceiling %.0f TFLOP/s (same run)\n", peak);
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const int64_t Ms[] = {64, 128, 256, 1024, 4096};
+  for (const Shape sh : {Shape{"q_a", 1536, 7168}, Shape{"q_b", 12288, 1536}, Shape{"o_proj", 7168, 8192},
+                         Shape{"shared gate/up", 4096, 7168}, Shape{"shared down", 7168, 2048}, Shape{"dense gate/up", 36864, 7168},
+                         Shape{"dense down", 7168, 18432}}) {
+    cuda::DevMatrix d;
+    d.rows = sh.rows;
+    d.cols = sh.cols;
+    DevBuf dw(size_t(sh.rows * sh.cols) * 2), dx(size_t(4096 * sh.cols) * 4), dy(size_t(4096 * sh.rows) * 4);
+    cuda::fill_bf16(static_cast<uint16_t*>(dw.p), sh.rows * sh.cols, 1.0f / std::sqrt(float(sh.cols)), 7, nullptr);
+    cuda::fill_f32(static_cast<float*>(dx.p), 4096 * sh.cols, -1.0f, 1.0f, 8, nullptr);
+    d.w = dw.p;
+    std::printf("%s %lldx%lld | us TFLOP/s %%peak at M = 64 128 256 1024 4096\n", sh.name, (long long)sh.rows, (long long)sh.cols);
+    for (int path = 0; path < 3; ++path) {
+      cuda::LinearConfig cfg;
+      cfg.mma_gemm_min_m = path == 0 ? cuda::kNoMma : 0;
+      cfg.mma_gemm_blocks = path == 0 ? 0 : path;  // 1: 1 block an SM, 2: 2
+      std::printf("  %-9s", path == 0 ? "tiles" : path == 1 ? "gemm/1" : "gemm/2");
+      for (int64_t M : Ms) {
+        auto once = [&] {
+          cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr, cfg);
+        };
+        const double us = gpu_test::median_us(once, 1, 5), tf = 6.0 * double(sh.rows * sh.cols) * double(M) / (us * 1e-6) / 1e12;
+        std::printf(" %8.1f %4.0f %3.0f%%", us, tf, 100 * tf / peak);
+      }
+      std::printf("\n");
+    }
+  }
+}
+
 // A bad choice is a clear error before any launch (no GPU needed).
 TEST(CudaMma, BadConfigIsAnError) {
   cuda::DevMatrix d;
@@ -377,6 +452,12 @@ TEST(CudaMma, BadConfigIsAnError) {
   EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
   bad = mma_path();
   bad.mma_min_rows = -1;
+  EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
+  bad = mma_path();
+  bad.mma_gemm_min_m = -1;
+  EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
+  bad = mma_path();
+  bad.mma_gemm_blocks = 3;
   EXPECT_THROW(cuda::linear(d, nullptr, 16, 1, nullptr, 16, Epilogue::store, nullptr, bad), Error);
 }
 

@@ -12,12 +12,14 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "model/deepseek_v3_cuda.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "io/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "gpu_test_util.h"
@@ -293,6 +295,48 @@ TEST(CudaOps, MlaAttentionShortAndLongListsInOneLaunch) {
     const std::string what = "Lr 36, 20 heads, " + std::to_string(n) + " short lists (" + std::to_string(n == 30 ? 2 : 4) + " heads a block)";
     check_mla_case(mla_shape(n, start, 20, 24, 8, 16, 36), chain_lists(n), uint32_t(seed), what.c_str());
   }
+}
+
+// Two 16-head groups a core block (launches of ≥ kMlaCoreGroupRows rows, or forced) write the bits of
+// one group a block: the row-alone check of check_mla_case compares a batch of 32 (two groups a block by
+// the rule) with each row alone (one group); forced, a tree of 5 after 4700 keys (15 chunks of two
+// tiles) against the same launch at 16 heads a block; the guarded kernel (Lr 36, 32 heads) likewise.
+// An odd number of 16-head blocks cannot pair: forcing 32 there is an error.
+TEST(CudaOps, MlaAttentionTwoHeadGroupsABlock) {
+  REQUIRE_GPU();
+  check_mla_case(k2_mla_shape(32, 1100, 64), chain_lists(32), 61, "K2, chain of 32 after 1100 (two head groups a block)");
+  check_mla_case(mla_shape(32, 300, 32, 24, 8, 16, 36), chain_lists(32), 62, "Lr 36, 32 heads, chain of 32 after 300");
+  for (const auto& [shape, seed] : {std::pair{k2_mla_shape(5, 4700, 64), 63}, std::pair{mla_shape(5, 700, 32, 24, 8, 16, 36), 64}}) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t D = shape.Lr + shape.dr, qk = shape.dn + shape.dr;
+    std::vector<float> q(size_t(shape.n * shape.H * qk));
+    for (auto& v : q) v = nd(rng);
+    std::vector<uint16_t> cache(size_t((shape.start + shape.n) * D)), kv_b(size_t(shape.H * (shape.dn + shape.dv) * shape.Lr));
+    for (auto& v : cache) v = f32_to_bf16(nd(rng));
+    for (auto& v : kv_b) v = f32_to_bf16(nd(rng) / std::sqrt(float(shape.Lr)));
+    const std::vector<std::vector<int32_t>> anc = {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}};
+    std::vector<int32_t> vr(size_t(shape.n * shape.n), 0), vc(size_t(shape.n));
+    for (int64_t i = 0; i < shape.n; ++i) {
+      vc[size_t(i)] = int32_t(anc[size_t(i)].size());
+      for (size_t k = 0; k < anc[size_t(i)].size(); ++k) vr[size_t(i * shape.n) + k] = anc[size_t(i)][k];
+    }
+    std::vector<float> out[2];
+    for (int hg = 0; hg < 2; ++hg) {
+      cuda_ops::MlaShape s = shape;
+      s.core_heads_per_block = hg == 0 ? 16 : 32;
+      out[hg].assign(size_t(s.n * s.H * s.dv), std::nanf(""));
+      cuda_ops::mla_attention(s, q.data(), cache, kv_b, vr, vc, out[hg].data());
+    }
+    for (float v : out[1]) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4)) << "32 heads a block differ from 16, seed " << seed;
+  }
+  cuda_ops::MlaShape odd = k2_mla_shape(1, 300, 48);  // 3 head blocks
+  odd.core_heads_per_block = 32;
+  std::vector<float> q(size_t(48 * 192), 0.5f), out(size_t(48 * 128));
+  std::vector<uint16_t> cache(size_t(301 * 576), 0), kv_b(size_t(48 * 256 * 512), 0);
+  std::vector<int32_t> vr = {0}, vc = {1};
+  EXPECT_THROW(cuda_ops::mla_attention(odd, q.data(), cache, kv_b, vr, vc, out.data()), Error);
 }
 
 // Shapes off the K2 grid: fewer heads than a block takes (the fixtures' 4), a head count that leaves a

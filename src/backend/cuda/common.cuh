@@ -121,6 +121,17 @@ __device__ __forceinline__ Split3 split3(float a, float b) {
   return s;
 }
 
+// 16 bytes global → shared, asynchronous (cp.async.cg: through L2 only, not L1). cp16_zfill: `in`
+// false writes 16 zero bytes and reads nothing (src must still be a valid address).
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp16_zfill(void* dst, const void* src, bool in) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
+}
+
 // d += A · B for one m16n8k16 tile (bf16 inputs, fp32 accumulator), PTX fragment layouts.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "

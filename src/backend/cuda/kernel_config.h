@@ -3,7 +3,8 @@
 // numbers are in docs/perf.md, "Retired kernels (issue 13)") and the per-call choice structs that
 // travel in the launchers' parameters (LinearConfig; ExpertBatch::path / imma_tile in kernels.h). Nothing here is mutable: a sweep or a test picks a
 // configuration per call, production leaves the defaults, which are the measured choice (two defaults may be
-// fed from the environment for end-to-end sweeps, read once: KDTREE_CUDA_MMA_MIN_ROWS, KDTREE_CUDA_MLA_LAUNCH_ROWS).
+// fed from the environment for end-to-end sweeps, read once: KDTREE_CUDA_MMA_MIN_ROWS, KDTREE_CUDA_MMA_GEMM_MIN_M,
+// KDTREE_CUDA_MLA_LAUNCH_ROWS, KDTREE_CUDA_MLA_HEADS_PER_BLOCK).
 //
 // Every configuration of one family writes the same bits for the shapes it is chosen by (the bf16
 // MMA tiles: the same bits for a given matrix, as the choice is a rule of the matrix's shape alone;
@@ -46,6 +47,15 @@ inline constexpr int64_t kMmaTallRows = 6144;
 // most SMs idle (kv_a's 576 rows, the router's 384).
 inline constexpr int64_t kMmaMinRows = 1024;
 inline constexpr int64_t kNoMma = std::numeric_limits<int64_t>::max();  // LinearConfig::mma_min_rows: never
+// Token rows from which an MMA linear runs as the staged prefill GEMM (LinearConfig::mma_gemm_min_m;
+// scheduling only), and its blocks an SM (LinearConfig::mma_gemm_blocks).
+// Off (never) until a GPU has run it: written and compiled in session 24 with its bit-for-bit tests
+// (CudaMma.PrefillGemmBits), but no lease came; KDTREE_CUDA_MMA_GEMM_MIN_M=128 turns it on for that run.
+inline constexpr int64_t kMmaGemmMinM = kNoMma;
+inline constexpr int kMmaGemmBlocks = 2;
+// kMmaGemmMinM, or KDTREE_CUDA_MMA_GEMM_MIN_M when set (read once; a huge value keeps every call on the
+// tile kernel, for end-to-end comparisons).
+int64_t default_mma_gemm_min_m();
 
 // LinearConfig::mma_min_rows's default: kMmaMinRows, or KDTREE_CUDA_MMA_MIN_ROWS (read once, the one
 // environment override of a kernel choice: 0 sends every bf16 matrix of a whole forward through the
@@ -56,6 +66,10 @@ int64_t default_mma_min_rows();
 struct LinearConfig {
   int64_t mma_min_rows = default_mma_min_rows();  // bf16 matrices of ≥ this many rows take the MMA path
   int mma_tile = -1;  // −1: by the matrix's shape (kMmaTallRows); else a kMmaTiles index for every shape
+  // Calls of ≥ this many token rows run the tile's order as a shared-memory GEMM (mma.cu, "Prefill
+  // GEMM"; scheduling only: the same bits), fewer the tile kernel itself.
+  int64_t mma_gemm_min_m = default_mma_gemm_min_m();
+  int mma_gemm_blocks = 0;  // the GEMM's blocks an SM asked of ptxas: 0 the default (kMmaGemmBlocks), 1 or 2
 };
 
 // ---- MLA attention's tensor-core core (attention.cu) --------------------------------------------------
@@ -66,6 +80,16 @@ inline constexpr int64_t kMlaCoreLaunchRows = 128;
 // kMlaCoreLaunchRows, or KDTREE_CUDA_MLA_LAUNCH_ROWS when set (> 0; read once — a sweep's override, like
 // KDTREE_CUDA_MMA_MIN_ROWS).
 int64_t mla_core_launch_rows();
+// Rows of a core launch from which its blocks take two 16-head groups (512 threads, one block an SM,
+// both groups reading each key tile together, so the second group's loads hit L1): below it, one
+// group a block (more, smaller blocks for the few rows of a decode step or a small tree). Scheduling
+// only (MlaParams::core_heads_per_block forces either).
+// Off (never by the rule) until a GPU has run it (session 24: no lease came); 32 is the intended value,
+// KDTREE_CUDA_MLA_HEADS_PER_BLOCK=32 forces it for that run.
+inline constexpr int64_t kMlaCoreGroupRows = std::numeric_limits<int64_t>::max();
+// MlaParams::core_heads_per_block's default: 0 (the rule), or KDTREE_CUDA_MLA_HEADS_PER_BLOCK when set
+// (read once; 16 or 32, for end-to-end comparisons).
+int64_t mla_core_heads_default();
 
 // ---- INT4 routed experts on the integer tensor cores (expert_imma.cu) ------------------------------
 // Tile shapes of expert_imma_kernel: WR × WT warps a block, each owning RT 16-row tiles (row warp) and
@@ -112,7 +136,7 @@ enum class ExpertPath : int {
 };
 
 // ---- MLA attention (attention.cu) ------------------------------------------------------------------
-// No choices: the core's shape (16 heads × 256-key tiles a block, on the tensor cores) is fixed, so
-// nothing here could change a bit.
+// The core's arithmetic (16 heads × 256-key tiles a group, on the tensor cores) is fixed; its choices
+// above (rows a launch, groups a block) are scheduling only, so nothing here could change a bit.
 
 }  // namespace kd::cuda

@@ -280,6 +280,9 @@ constexpr int kExpertInt4Rows = 8;
 
 void check_config(const LinearConfig& cfg) {
   if (cfg.mma_min_rows < 0) fail("CUDA linear: mma_min_rows ", cfg.mma_min_rows, " is negative");
+  if (cfg.mma_gemm_min_m < 0) fail("CUDA linear: mma_gemm_min_m ", cfg.mma_gemm_min_m, " is negative");
+  if (cfg.mma_gemm_blocks < 0 || cfg.mma_gemm_blocks > 2)
+    fail("CUDA linear: mma_gemm_blocks ", cfg.mma_gemm_blocks, " is not 0 (the default), 1 or 2");
   if (cfg.mma_tile < -1 || cfg.mma_tile >= kMmaTileCount)
     fail("CUDA linear: MMA tile ", cfg.mma_tile, " does not exist (−1: by shape, 0 … ", kMmaTileCount - 1, ")");
 }

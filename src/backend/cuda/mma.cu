@@ -37,6 +37,7 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -202,14 +203,37 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
   }
 }
 
+// The epilogue of a TOK × ROWS tile: total(tok, r) is the finished sum of token tok, weight row
+// row0 + r; token tok's output row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the
+// matrix); threads tid of nthreads share the work. One function for both kernels below, so their
+// outputs agree bit for bit.
+template <int ROWS, int TOK, class Total, class YRow>
+__device__ __forceinline__ void write_tile(Total total, int64_t row0, int64_t rows, int mcount, int ep, YRow yrow, int tid,
+                                           int nthreads) {
+  if (ep == int(Epilogue::swiglu)) {
+    for (int e = tid; e < TOK * (ROWS / 2); e += nthreads) {
+      const int tok = e / (ROWS / 2), j = e % (ROWS / 2);
+      if (tok >= mcount || row0 + 2 * j + 1 >= rows) continue;
+      const float gv = total(tok, 2 * j), uv = total(tok, 2 * j + 1);
+      yrow(tok)[(row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
+    }
+  } else {
+    for (int e = tid; e < TOK * ROWS; e += nthreads) {
+      const int tok = e / ROWS, r = e % ROWS;
+      if (tok >= mcount || row0 + r >= rows) continue;
+      float* out = yrow(tok) + row0 + r;
+      const float v = total(tok, r);
+      *out = ep == int(Epilogue::add) ? __fadd_rn(*out, v) : v;
+    }
+  }
+}
+
 // The KS partials of one group of KS warps (shared memory, added in warp order) and the epilogue;
-// tid: the thread's index within its group (threadIdx.x when the block is one group). Token tok's
-// output row is yrow(tok) (nothing is written for tok ≥ mcount or rows past the matrix). Ends with a
+// tid: the thread's index within its group (threadIdx.x when the block is one group). Ends with a
 // barrier (every group of the block calls it together) so the caller may reuse `part`.
 template <int RT, int NT, int KS, class YRow>
 __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 4], const float (&acc)[RT][NT][4], int64_t row0,
                                             int64_t rows, int mcount, int ep, YRow yrow, int tid) {
-  constexpr int ROWS = 16 * RT, TOK = 8 * NT;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
@@ -224,22 +248,7 @@ __device__ __forceinline__ void finish_tile(float (&part)[KS][8 * NT][16 * RT + 
     for (int k = 1; k < KS; ++k) v = __fadd_rn(v, part[k][tok][r]);
     return v;
   };
-  if (ep == int(Epilogue::swiglu)) {
-    for (int e = tid; e < TOK * (ROWS / 2); e += KS * 32) {
-      const int tok = e / (ROWS / 2), j = e % (ROWS / 2);
-      if (tok >= mcount || row0 + 2 * j + 1 >= rows) continue;
-      const float gv = total(tok, 2 * j), uv = total(tok, 2 * j + 1);
-      yrow(tok)[(row0 + 2 * j) / 2] = gv / (1.0f + expf(-gv)) * uv;  // silu(g) · u, as linear.cu
-    }
-  } else {
-    for (int e = tid; e < TOK * ROWS; e += KS * 32) {
-      const int tok = e / ROWS, r = e % ROWS;
-      if (tok >= mcount || row0 + r >= rows) continue;
-      float* out = yrow(tok) + row0 + r;
-      const float v = total(tok, r);
-      *out = ep == int(Epilogue::add) ? __fadd_rn(*out, v) : v;
-    }
-  }
+  write_tile<16 * RT, 8 * NT>(total, row0, rows, mcount, ep, yrow, tid, KS * 32);
   __syncthreads();
 }
 
@@ -273,15 +282,219 @@ void launch_tile(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, flo
          m_fast);
 }
 
+// ---- Prefill GEMM: the tiles' reduction order, staged in shared memory ----------------------------
+// For wide batches the tile kernel above re-reads each weight slab once per 32 tokens and x once per
+// 32 weight rows, through L2 and without sharing (docs/perf.md, "Where a 4096-token prefill goes":
+// 210 registers, 12.5 % occupancy, 21 % of the mma.sync rate at 4096 tokens). This kernel stages a
+// block's 128 weight rows × 64 tokens in shared memory (cp.async, kGemmStages stages of two k32
+// blocks; 2 row warps × 4 token warps of 64 rows × 16 tokens) and keeps every output's order. The
+// tile path's warp w reduces the k32 blocks of K-slice w in k order and the KS partials are then added
+// in warp order; here each thread walks the slices one after another — slice 0's blocks in k order
+// into a fresh accumulator, then slice 1's, … — and adds each finished slice to a running total
+// (total = slice 0, then total + slice 1, …): the same fp32 operations on the same values, in the same
+// order, with two accumulators an output instead of KS. The MMA fragments are the tile path's (each
+// lane reads the same 16 weight and 32 x bytes, from shared memory instead of global), and the
+// epilogue is write_tile, so an output's bits do not depend on which kernel ran
+// (tests/gpu/test_cuda_mma.cpp, PrefillGemmBits). Which kernel runs is LinearConfig::mma_gemm_min_m's
+// rule (scheduling only).
+
+// The k32 blocks of a K of nkb blocks in a tile's reduction order: K-slice w (of KS) holds the runs
+// of UE consecutive blocks that start at (w + j·KS)·UE, j = 0, 1, …, in k order; the slices follow
+// one another. next() moves on and says how many slices that finished: 0, or 1 plus the empty ones
+// after it (a short K leaves the last slices without a block; the tile path adds their zero partials).
+template <int KS, int UE>
+struct SliceOrder {
+  int nkb, w = 0, r = 0, u = 0;  // the current block: (w + r·KS)·UE + u
+  __device__ explicit SliceOrder(int n) : nkb(n) {}
+  __device__ bool done() const { return w >= KS; }
+  __device__ int kb() const { return (w + r * KS) * UE + u; }
+  __device__ int next() {
+    if (u + 1 < UE && kb() + 1 < nkb) {
+      ++u;
+      return 0;
+    }
+    u = 0;
+    if ((w + ++r * KS) * UE < nkb) return 0;
+    r = 0;
+    if (++w < KS && w * UE < nkb) return 1;
+    const int finished = 1 + KS - w;
+    w = KS;
+    return finished;
+  }
+};
+
+constexpr int kGemmRows = 128, kGemmTokens = 64, kGemmThreads = 256, kGemmStageBlocks = 2, kGemmStages = 3;
+constexpr int kGemmWPitch = 64, kGemmXPitch = 144;  // bytes a weight row / token row of one k32 block (+16: no bank conflicts)
+constexpr int kGemmWBytes = kGemmRows * kGemmWPitch, kGemmXBytes = kGemmTokens * kGemmXPitch;
+constexpr int kGemmStage = kGemmStageBlocks * (kGemmWBytes + kGemmXBytes);
+constexpr int kGemmSmem = kGemmStages * kGemmStage;  // 104448 B: two blocks an SM
+constexpr int kGemmTotPitch = kGemmRows + 4;         // floats a token row of the finished totals
+static_assert(kGemmTokens * kGemmTotPitch * 4 <= kGemmSmem, "the totals reuse the stages' shared memory");
+static_assert(kGemmRows * 4 % kGemmThreads == 0 && kGemmTokens * 8 % kGemmThreads == 0, "whole copy pieces a thread");
+
+// MINB: blocks an SM asked of ptxas (2: 128 registers, a few spilled; 1: none spilled, 8 warps an SM).
+template <int KS, int UE, int MINB>
+__global__ void __launch_bounds__(kGemmThreads, MINB) mma_gemm_kernel(DevMatrix w, const float* __restrict__ x, int64_t ldx,
+                                                                  int64_t M, float* y, int64_t ldy, int ep, bool m_fast) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int wr = warp & 1, wt = warp >> 1;  // this warp's 64 rows (of 128) and 16 tokens (of 64)
+  const int64_t bx = m_fast ? blockIdx.y : blockIdx.x, by = m_fast ? blockIdx.x : blockIdx.y;
+  const int64_t row0 = bx * kGemmRows, m0 = by * kGemmTokens, K = w.cols, rows = w.rows;
+  const int nkb = int((K + 31) / 32), mcount = int(min(M - m0, int64_t(kGemmTokens)));
+  const uint16_t* w16 = static_cast<const uint16_t*>(w.w);
+  pdl_wait();
+  pdl_trigger();
+
+  // The next kGemmStageBlocks blocks of the order into stage `slot`: weight piece i (16 B) is row
+  // i / 4, columns 8·(i % 4) …; x piece i is token i / 8, columns 4·(i % 8) …; outside the matrix,
+  // the batch or K: zeros (the tile path reads zeros there too).
+  SliceOrder<KS, UE> order_in(nkb);
+  auto issue = [&](int slot) {
+    uint8_t* st = smem + slot * kGemmStage;
+#pragma unroll
+    for (int e = 0; e < kGemmStageBlocks; ++e) {
+      if (order_in.done()) break;
+      const int64_t k0 = int64_t(order_in.kb()) * 32;
+      uint8_t* ws = st + e * kGemmWBytes;
+      uint8_t* xs = st + kGemmStageBlocks * kGemmWBytes + e * kGemmXBytes;
+#pragma unroll
+      for (int q = 0; q < kGemmRows * 4 / kGemmThreads; ++q) {
+        const int i = tid + q * kGemmThreads, r = i >> 2, c = i & 3;
+        const bool in = row0 + r < rows && k0 + 8 * c < K;
+        cp16_zfill(ws + r * kGemmWPitch + 16 * c, in ? w16 + (row0 + r) * K + k0 + 8 * c : w16, in);
+      }
+#pragma unroll
+      for (int q = 0; q < kGemmTokens * 8 / kGemmThreads; ++q) {
+        const int i = tid + q * kGemmThreads, tok = i >> 3, c = i & 7;
+        const bool in = m0 + tok < M && k0 + 4 * c < K;
+        cp16_zfill(xs + tok * kGemmXPitch + 16 * c, in ? x + (m0 + tok) * ldx + k0 + 4 * c : x, in);
+      }
+      order_in.next();
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");  // empty groups too: wait_group counts stages
+  };
+#pragma unroll
+  for (int j = 0; j < kGemmStages - 1; ++j) issue(j);
+
+  float acc[4][2][4], tot[4][2][4];
+#pragma unroll
+  for (int rt = 0; rt < 4; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f, tot[rt][nt][i] = 0.0f;
+  bool first = true;  // the first finished slice starts the total (the tile path's part[0])
+  auto fold = [&] {
+#pragma unroll
+    for (int rt = 0; rt < 4; ++rt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          tot[rt][nt][i] = first ? acc[rt][nt][i] : __fadd_rn(tot[rt][nt][i], acc[rt][nt][i]);
+          acc[rt][nt][i] = 0.0f;
+        }
+    first = false;
+  };
+
+  SliceOrder<KS, UE> order(nkb);
+  const int nstages = (nkb + kGemmStageBlocks - 1) / kGemmStageBlocks;
+#pragma unroll 1
+  for (int j = 0; j < nstages; ++j) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kGemmStages - 2) : "memory");
+    __syncthreads();  // stage j visible to all; everyone is done with stage j − 1's slot
+    issue((j + kGemmStages - 1) % kGemmStages);
+    const uint8_t* st = smem + (j % kGemmStages) * kGemmStage;
+#pragma unroll
+    for (int e = 0; e < kGemmStageBlocks; ++e) {
+      if (order.done()) break;
+      const uint8_t* ws = st + e * kGemmWBytes;
+      const uint8_t* xs = st + kGemmStageBlocks * kGemmWBytes + e * kGemmXBytes;
+      float4 xv[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float4* p = reinterpret_cast<const float4*>(xs + (wt * 16 + nt * 8 + g) * kGemmXPitch + 32 * t);
+        xv[nt][0] = p[0];
+        xv[nt][1] = p[1];
+      }
+      uint32_t bf[2][2][3][2];
+      x_split<false, 2>(xv, bf);
+#pragma unroll
+      for (int rt = 0; rt < 4; ++rt) {
+        const int r = wr * 64 + rt * 16 + g;
+        const uint4 wg = *reinterpret_cast<const uint4*>(ws + r * kGemmWPitch + 16 * t);
+        const uint4 wg8 = *reinterpret_cast<const uint4*>(ws + (r + 8) * kGemmWPitch + 16 * t);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma3(d, a, bf[nt][s]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+          }
+        }
+      }
+      for (int f = order.next(); f > 0; --f) fold();
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncthreads();  // every stage consumed: the totals take the shared memory over
+  float* tot_s = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int rt = 0; rt < 4; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        tot_s[(wt * 16 + nt * 8 + 2 * t + (i & 1)) * kGemmTotPitch + wr * 64 + rt * 16 + g + 8 * (i >> 1)] = tot[rt][nt][i];
+  __syncthreads();
+  write_tile<kGemmRows, kGemmTokens>([&](int tok, int r) { return tot_s[tok * kGemmTotPitch + r]; }, row0, rows, mcount, ep,
+                                      [&](int tok) { return y + (m0 + tok) * ldy; }, tid, kGemmThreads);
+}
+
+// The > 48 KB opt-in of the GEMM for this order, once a device — on every call of the matrix, GEMM or
+// not: a graph may be captured at a batch whose kernel no earlier launch used, and capture must never
+// meet a first-time attribute call (as attention.cu's opt-ins).
+template <int KS, int UE>
+void opt_in_gemm() {
+  static std::atomic<uint64_t> opted[2];
+  opt_in_smem(mma_gemm_kernel<KS, UE, 1>, kGemmSmem, opted[0], "cudaFuncSetAttribute (MMA prefill GEMM)");
+  opt_in_smem(mma_gemm_kernel<KS, UE, 2>, kGemmSmem, opted[1], "cudaFuncSetAttribute (MMA prefill GEMM)");
+}
+
+template <int KS, int UE, int MINB>
+void launch_gemm_as(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+  const unsigned gx = unsigned((w.rows + kGemmRows - 1) / kGemmRows), gm = unsigned((M + kGemmTokens - 1) / kGemmTokens);
+  const bool m_fast = gm > 1 && gx <= 65535u;
+  const dim3 grid = m_fast ? dim3(gm, gx) : dim3(gx, gm);
+  launch("linear (MMA prefill GEMM)", mma_gemm_kernel<KS, UE, MINB>, grid, dim3(kGemmThreads), size_t(kGemmSmem), s, w, x, ldx,
+         M, y, ldy, int(ep), m_fast);
+}
+template <int KS, int UE>
+void launch_gemm(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, int blocks,
+                 cudaStream_t s) {
+  if (blocks == 1)
+    launch_gemm_as<KS, UE, 1>(w, x, ldx, M, y, ldy, ep, s);
+  else
+    launch_gemm_as<KS, UE, 2>(w, x, ldx, M, y, ldy, ep, s);
+}
+
 // Tile T of kMmaTiles (kernel_config.h) on a matrix of the given height class (TALL: ≥ 4096 rows,
 // KST warps split K; else KSS): M ≤ 8 one 8-token tile, then 16 / 24 / 32-token tiles.
 template <int T, bool TALL>
-void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, int gemm,
+                cudaStream_t s) {
   constexpr MmaTile C = kMmaTiles[T];
   static_assert(!C.KC || C.U1 == C.UW, "with KC the load batch is part of the reduction order: U1 must equal UW");
   constexpr int KS = TALL ? C.KST : C.KSS;
   constexpr int RT1 = TALL ? C.RT1 : 1, RTW = TALL ? C.RTW : 1, MINB = TALL && C.OCC1 / KS > 1 ? C.OCC1 / KS : 1;
-  if (M <= 8)
+  opt_in_gemm<KS, C.KC ? C.UW : 1>();
+  if (gemm > 0)
+    launch_gemm<KS, C.KC ? C.UW : 1>(w, x, ldx, M, y, ldy, ep, gemm, s);
+  else if (M <= 8)
     launch_tile<RT1, 1, KS, C.U1, C.LD, C.KC, MINB>(w, x, ldx, M, y, ldy, ep, s);
   else if (M <= 16)
     launch_tile<RTW, 2, KS, C.UW, C.LD, C.KC, 1>(w, x, ldx, M, y, ldy, ep, s);
@@ -292,14 +505,15 @@ void dispatch_m(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
 }
 
 template <int T>
-void dispatch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
+void dispatch(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, int gemm,
+              cudaStream_t s) {
   if (w.rows >= 4096)
-    dispatch_m<T, true>(w, x, ldx, M, y, ldy, ep, s);
+    dispatch_m<T, true>(w, x, ldx, M, y, ldy, ep, gemm, s);
   else
-    dispatch_m<T, false>(w, x, ldx, M, y, ldy, ep, s);
+    dispatch_m<T, false>(w, x, ldx, M, y, ldy, ep, gemm, s);
 }
 
-using DispatchFn = void (*)(const DevMatrix&, const float*, int64_t, int64_t, float*, int64_t, Epilogue, cudaStream_t);
+using DispatchFn = void (*)(const DevMatrix&, const float*, int64_t, int64_t, float*, int64_t, Epilogue, int, cudaStream_t);
 constexpr DispatchFn kDispatch[] = {&dispatch<0>, &dispatch<1>};
 static_assert(int(sizeof(kDispatch) / sizeof(kDispatch[0])) == kMmaTileCount, "kDispatch lists every kMmaTiles entry");
 
@@ -307,6 +521,11 @@ static_assert(int(sizeof(kDispatch) / sizeof(kDispatch[0])) == kMmaTileCount, "k
 
 int64_t default_mma_min_rows() {
   static const int64_t v = env_count("KDTREE_CUDA_MMA_MIN_ROWS", kMmaMinRows);
+  return v;
+}
+
+int64_t default_mma_gemm_min_m() {
+  static const int64_t v = env_count("KDTREE_CUDA_MMA_GEMM_MIN_M", kMmaGemmMinM);
   return v;
 }
 
@@ -321,7 +540,11 @@ bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, floa
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
   const int tile = cfg.mma_tile >= 0 ? cfg.mma_tile : w.rows >= kMmaTallRows ? kMmaTallTile : kMmaShortTile;
-  kDispatch[tile](w, x, ldx, M, y, ldy, ep, s);
+  if (cfg.mma_gemm_min_m < 0) fail("CUDA linear (MMA): mma_gemm_min_m ", cfg.mma_gemm_min_m, " is negative");
+  if (cfg.mma_gemm_blocks < 0 || cfg.mma_gemm_blocks > 2)
+    fail("CUDA linear (MMA): mma_gemm_blocks ", cfg.mma_gemm_blocks, " is not 0 (the default), 1 or 2");
+  const int gemm = M < cfg.mma_gemm_min_m ? 0 : cfg.mma_gemm_blocks > 0 ? cfg.mma_gemm_blocks : kMmaGemmBlocks;  // 0: the tile kernel
+  kDispatch[tile](w, x, ldx, M, y, ldy, ep, gemm, s);
   return true;
 }
 
