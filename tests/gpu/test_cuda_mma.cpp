@@ -209,6 +209,25 @@ TEST(CudaMma, NarrowShapesWhenEnabled) {
   check_invariance(384, 7168, 205, mma_path());  // router
 }
 
+// Operands of a timed call on the device: a bf16 matrix [rows, cols] (fill_bf16, scale 1/√cols), x of
+// m_max rows (uniform in [−1, 1]) and y of m_max rows; median_us times one cuda::linear of M rows.
+struct TimedShape {
+  cuda::DevMatrix d;
+  DevBuf w, x, y;
+  TimedShape(int64_t rows, int64_t cols, int64_t m_max)
+      : w(size_t(rows * cols) * 2), x(size_t(m_max * cols) * 4), y(size_t(m_max * rows) * 4) {
+    cuda::fill_bf16(w.as<uint16_t>(), rows * cols, 1.0f / std::sqrt(float(cols)), 7, nullptr);
+    cuda::fill_f32(x.as<float>(), m_max * cols, -1.0f, 1.0f, 8, nullptr);
+    d.rows = rows;
+    d.cols = cols;
+    d.w = w.p;
+  }
+  double median_us(int64_t M, const cuda::LinearConfig& cfg, int warm = 3, int reps = 21) {
+    auto once = [&] { cuda::linear(d, x.as<float>(), d.cols, M, y.as<float>(), d.rows, Epilogue::store, nullptr, cfg); };
+    return gpu_test::median_us(once, warm, reps);
+  }
+};
+
 // Timing printout (not asserted): one call, CUDA events, median of 21 after 3 warm-ups, MMA path vs
 // the CUDA-core path. Weights ≥ 4× L2 for the tall matrix (each call streams them from HBM).
 TEST(CudaMma, TimingPrintout) {
@@ -217,26 +236,13 @@ TEST(CudaMma, TimingPrintout) {
     int64_t rows, cols;
   };
   for (const Shape sh : {Shape{16384, 7168}, Shape{7168, 8192}, Shape{1536, 7168}}) {
-    cuda::DevMatrix d;
-    d.rows = sh.rows;
-    d.cols = sh.cols;
-    DevBuf dw(size_t(sh.rows * sh.cols) * 2), dx(size_t(64 * sh.cols) * 4), dy(size_t(64 * sh.rows) * 4);
-    cuda::fill_bf16(static_cast<uint16_t*>(dw.p), sh.rows * sh.cols, 1.0f / std::sqrt(float(sh.cols)), 7, nullptr);
-    cuda::fill_f32(static_cast<float*>(dx.p), 64 * sh.cols, -1.0f, 1.0f, 8, nullptr);
-    d.w = dw.p;
+    TimedShape ts(sh.rows, sh.cols, 64);
     const double gb = double(sh.rows * sh.cols) * 2 / 1e9;
     std::printf("mma timing %lldx%lld bf16 (%.0f MB), median of 21:\n", (long long)sh.rows, (long long)sh.cols, gb * 1e3);
     std::printf("   M | CUDA-core us  GB/s | MMA us  GB/s | MMA/core\n");
     for (int64_t M : {1, 2, 4, 8, 17, 33}) {
       double t[2];
-      for (int p = 0; p < 2; ++p) {
-        const cuda::LinearConfig cfg = p == 1 ? mma_path() : core_path();
-        auto once = [&] {
-          cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr,
-                       cfg);
-        };
-        t[p] = gpu_test::median_us(once);  // µs
-      }
+      for (int p = 0; p < 2; ++p) t[p] = ts.median_us(M, p == 1 ? mma_path() : core_path());  // µs
       std::printf("%4lld | %12.1f %5.0f | %6.1f %5.0f | %.2f\n", (long long)M, t[0], gb / (t[0] * 1e-6), t[1],
                   gb / (t[1] * 1e-6), t[1] / t[0]);
     }
@@ -370,9 +376,17 @@ TEST(CudaMma, ConfigSweep) {
 // and every tile forced, both block counts, every epilogue, at a tall and a short matrix (both K-split
 // rules), a ragged one (partial 128-row block, K not a multiple of 32) and one whose K leaves most
 // K-slices empty (K = 40: 2 k32 blocks for 4–16 slices), for M = 1, 63, 64, 130 (partial 64-token
-// blocks). Every output written (y starts as NaN), and the GEMM really ran (LinearConfig says so).
+// blocks). Every output written (y starts as NaN); the configurations do pick the kernels compared
+// (mma_gemm_blocks_for); and the GEMM's error against fp64 stays within twice the plain fp32 loop's
+// (check_parity, the independent reference).
 TEST(CudaMma, PrefillGemmBits) {
   REQUIRE_GPU();
+  {
+    cuda::LinearConfig gemm = mma_path();
+    gemm.mma_gemm_min_m = 0;
+    check_parity(7168, 2048, 402, gemm);
+    check_parity(1030, 1000, 403, gemm);
+  }
   std::mt19937 rng(401);
   struct Shape {
     int64_t rows, cols;
@@ -388,6 +402,8 @@ TEST(CudaMma, PrefillGemmBits) {
         cuda::LinearConfig gemm = mma_path(tile);
         gemm.mma_gemm_min_m = 0;
         gemm.mma_gemm_blocks = blocks;
+        ASSERT_EQ(blocks, cuda::mma_gemm_blocks_for(1, gemm));
+        ASSERT_EQ(0, cuda::mma_gemm_blocks_for(Mmax, tiles));
         for (Epilogue ep : {Epilogue::store, Epilogue::add, Epilogue::swiglu})
           for (int64_t M : {1, 63, 64, 130}) {
             const float* init = ep == Epilogue::add ? y0.data() : nullptr;
@@ -416,13 +432,7 @@ TEST(CudaMma, PrefillGemmTiming) {
   for (const Shape sh : {Shape{"q_a", 1536, 7168}, Shape{"q_b", 12288, 1536}, Shape{"o_proj", 7168, 8192},
                          Shape{"shared gate/up", 4096, 7168}, Shape{"shared down", 7168, 2048}, Shape{"dense gate/up", 36864, 7168},
                          Shape{"dense down", 7168, 18432}}) {
-    cuda::DevMatrix d;
-    d.rows = sh.rows;
-    d.cols = sh.cols;
-    DevBuf dw(size_t(sh.rows * sh.cols) * 2), dx(size_t(4096 * sh.cols) * 4), dy(size_t(4096 * sh.rows) * 4);
-    cuda::fill_bf16(static_cast<uint16_t*>(dw.p), sh.rows * sh.cols, 1.0f / std::sqrt(float(sh.cols)), 7, nullptr);
-    cuda::fill_f32(static_cast<float*>(dx.p), 4096 * sh.cols, -1.0f, 1.0f, 8, nullptr);
-    d.w = dw.p;
+    TimedShape ts(sh.rows, sh.cols, 4096);
     std::printf("%s %lldx%lld | us TFLOP/s %%peak at M = 64 128 256 1024 4096\n", sh.name, (long long)sh.rows, (long long)sh.cols);
     for (int path = 0; path < 3; ++path) {
       cuda::LinearConfig cfg;
@@ -430,10 +440,7 @@ TEST(CudaMma, PrefillGemmTiming) {
       cfg.mma_gemm_blocks = path == 0 ? 0 : path;  // 1: 1 block an SM, 2: 2
       std::printf("  %-9s", path == 0 ? "tiles" : path == 1 ? "gemm/1" : "gemm/2");
       for (int64_t M : Ms) {
-        auto once = [&] {
-          cuda::linear(d, static_cast<const float*>(dx.p), sh.cols, M, static_cast<float*>(dy.p), sh.rows, Epilogue::store, nullptr, cfg);
-        };
-        const double us = gpu_test::median_us(once, 1, 5), tf = 6.0 * double(sh.rows * sh.cols) * double(M) / (us * 1e-6) / 1e12;
+        const double us = ts.median_us(M, cfg, 1, 5), tf = 6.0 * double(sh.rows * sh.cols) * double(M) / (us * 1e-6) / 1e12;
         std::printf(" %8.1f %4.0f %3.0f%%", us, tf, 100 * tf / peak);
       }
       std::printf("\n");

@@ -12,7 +12,6 @@
 #include <random>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -198,7 +197,8 @@ std::vector<T> mla_ref(const cuda_ops::MlaShape& s, const std::vector<float>& q,
 
 // One MLA case on random data: row i of a tree sees the cached prefix and anc[i] (offsets past start).
 // Checks the kernel's output against fp64 within twice the plain-fp32 error, and each row alone (the
-// same key list, a batch of one) against its row in the batch, bit for bit.
+// same key list, a batch of one, the core's heads a block by the rule) against its row in the batch,
+// bit for bit.
 void check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<int32_t>>& anc, uint32_t seed, const char* what) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -223,6 +223,7 @@ void check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<i
   for (int64_t i = 0; i < s.n; ++i) {
     cuda_ops::MlaShape s1 = s;
     s1.n = 1;
+    s1.core_heads_per_block = 0;
     std::vector<float> qi(q.begin() + i * s.H * qk, q.begin() + (i + 1) * s.H * qk);
     std::vector<int32_t> vr1 = anc[size_t(i)], vc1 = {vc[size_t(i)]};
     std::vector<float> o1(size_t(s.H * s.dv), std::nanf(""));
@@ -297,42 +298,23 @@ TEST(CudaOps, MlaAttentionShortAndLongListsInOneLaunch) {
   }
 }
 
-// Two 16-head groups a core block (launches of ≥ kMlaCoreGroupRows rows, or forced) write the bits of
-// one group a block: the row-alone check of check_mla_case compares a batch of 32 (two groups a block by
-// the rule) with each row alone (one group); forced, a tree of 5 after 4700 keys (15 chunks of two
-// tiles) against the same launch at 16 heads a block; the guarded kernel (Lr 36, 32 heads) likewise.
-// An odd number of 16-head blocks cannot pair: forcing 32 there is an error.
+// Two 16-head groups a core block (MlaParams::core_heads_per_block = 32) against fp64 and against one
+// group a block, bit for bit: check_mla_case runs each row alone at the rule's choice (one group for one
+// row). K2's shapes after 1100 keys (a chain of 32) and after 4700 (a tree of 5: 15 chunks of two
+// tiles); the guarded kernel (Lr 36, 32 heads) likewise. An odd number of 16-head blocks cannot pair:
+// forcing 32 there is an error.
 TEST(CudaOps, MlaAttentionTwoHeadGroupsABlock) {
   REQUIRE_GPU();
-  check_mla_case(k2_mla_shape(32, 1100, 64), chain_lists(32), 61, "K2, chain of 32 after 1100 (two head groups a block)");
-  check_mla_case(mla_shape(32, 300, 32, 24, 8, 16, 36), chain_lists(32), 62, "Lr 36, 32 heads, chain of 32 after 300");
-  for (const auto& [shape, seed] : {std::pair{k2_mla_shape(5, 4700, 64), 63}, std::pair{mla_shape(5, 700, 32, 24, 8, 16, 36), 64}}) {
-    std::mt19937 rng(static_cast<uint32_t>(seed));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t D = shape.Lr + shape.dr, qk = shape.dn + shape.dr;
-    std::vector<float> q(size_t(shape.n * shape.H * qk));
-    for (auto& v : q) v = nd(rng);
-    std::vector<uint16_t> cache(size_t((shape.start + shape.n) * D)), kv_b(size_t(shape.H * (shape.dn + shape.dv) * shape.Lr));
-    for (auto& v : cache) v = f32_to_bf16(nd(rng));
-    for (auto& v : kv_b) v = f32_to_bf16(nd(rng) / std::sqrt(float(shape.Lr)));
-    const std::vector<std::vector<int32_t>> anc = {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}};
-    std::vector<int32_t> vr(size_t(shape.n * shape.n), 0), vc(size_t(shape.n));
-    for (int64_t i = 0; i < shape.n; ++i) {
-      vc[size_t(i)] = int32_t(anc[size_t(i)].size());
-      for (size_t k = 0; k < anc[size_t(i)].size(); ++k) vr[size_t(i * shape.n) + k] = anc[size_t(i)][k];
-    }
-    std::vector<float> out[2];
-    for (int hg = 0; hg < 2; ++hg) {
-      cuda_ops::MlaShape s = shape;
-      s.core_heads_per_block = hg == 0 ? 16 : 32;
-      out[hg].assign(size_t(s.n * s.H * s.dv), std::nanf(""));
-      cuda_ops::mla_attention(s, q.data(), cache, kv_b, vr, vc, out[hg].data());
-    }
-    for (float v : out[1]) ASSERT_TRUE(std::isfinite(v));
-    EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4)) << "32 heads a block differ from 16, seed " << seed;
-  }
-  cuda_ops::MlaShape odd = k2_mla_shape(1, 300, 48);  // 3 head blocks
-  odd.core_heads_per_block = 32;
+  auto paired = [](cuda_ops::MlaShape s) {
+    s.core_heads_per_block = 32;
+    return s;
+  };
+  const std::vector<std::vector<int32_t>> tree = {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}};
+  check_mla_case(paired(k2_mla_shape(32, 1100, 64)), chain_lists(32), 61, "K2, 32 heads a block, chain of 32 after 1100");
+  check_mla_case(paired(mla_shape(32, 300, 32, 24, 8, 16, 36)), chain_lists(32), 62, "Lr 36, 32 heads a block, chain of 32 after 300");
+  check_mla_case(paired(k2_mla_shape(5, 4700, 64)), tree, 63, "K2, 32 heads a block, tree of 5 after 4700");
+  check_mla_case(paired(mla_shape(5, 700, 32, 24, 8, 16, 36)), tree, 64, "Lr 36, 32 heads a block, tree of 5 after 700");
+  cuda_ops::MlaShape odd = paired(k2_mla_shape(1, 300, 48));  // 3 head blocks
   std::vector<float> q(size_t(48 * 192), 0.5f), out(size_t(48 * 128));
   std::vector<uint16_t> cache(size_t(301 * 576), 0), kv_b(size_t(48 * 256 * 512), 0);
   std::vector<int32_t> vr = {0}, vc = {1};

@@ -39,8 +39,13 @@ enum class Epilogue : int {
 // matrices and INT4 run the CUDA-core GEMV (linear.cu). A bad cfg is an error before any launch.
 void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
             cudaStream_t s, const LinearConfig& cfg = {});
+// A bad cfg (a tile that does not exist, a negative bound, a block count not 0–2) is an Error.
+void check_linear_config(const LinearConfig& cfg);
 // Whether linear(w, …, cfg) runs on the tensor cores; linear_mma runs it there (false: not eligible).
 bool mma_eligible(const DevMatrix& w, const LinearConfig& cfg = {});
+// How an MMA linear of M token rows runs: 0 the tile kernel, else the staged GEMM at that many blocks
+// an SM (cfg.mma_gemm_min_m, cfg.mma_gemm_blocks; scheduling only, the same bits).
+int mma_gemm_blocks_for(int64_t M, const LinearConfig& cfg);
 bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
                 cudaStream_t s, const LinearConfig& cfg = {});
 

@@ -278,7 +278,9 @@ void check_shape(const DevMatrix& w, const float* x, int64_t ldx, const char* wh
 // every N. R only decides which rows a warp owns, never the order a row is reduced in.
 constexpr int kExpertInt4Rows = 8;
 
-void check_config(const LinearConfig& cfg) {
+}  // namespace
+
+void check_linear_config(const LinearConfig& cfg) {
   if (cfg.mma_min_rows < 0) fail("CUDA linear: mma_min_rows ", cfg.mma_min_rows, " is negative");
   if (cfg.mma_gemm_min_m < 0) fail("CUDA linear: mma_gemm_min_m ", cfg.mma_gemm_min_m, " is negative");
   if (cfg.mma_gemm_blocks < 0 || cfg.mma_gemm_blocks > 2)
@@ -286,8 +288,6 @@ void check_config(const LinearConfig& cfg) {
   if (cfg.mma_tile < -1 || cfg.mma_tile >= kMmaTileCount)
     fail("CUDA linear: MMA tile ", cfg.mma_tile, " does not exist (−1: by shape, 0 … ", kMmaTileCount - 1, ")");
 }
-
-}  // namespace
 
 template <bool INT4, int R>
 void launch_linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s) {
@@ -319,7 +319,7 @@ void launch_linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, f
 
 void linear(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep, cudaStream_t s,
             const LinearConfig& cfg) {
-  check_config(cfg);
+  check_linear_config(cfg);
   if (M <= 0 || w.rows <= 0) return;
   check_shape(w, x, ldx, "linear");
   if (linear_mma(w, x, ldx, M, y, ldy, ep, s, cfg)) return;  // tensor cores for eligible bf16 matrices (mma.cu)

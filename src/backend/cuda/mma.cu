@@ -85,6 +85,28 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&a)[4], cons
   mma_bf16(d, a, b[0][0], b[0][1]);
 }
 
+// acc += one k32 block: w[rt][h] = the lane's 16 weight bytes of row g + 8·h of 16-row tile rt (columns
+// 8t … 8t + 7), bf = the tokens' B fragments (x_split). Each k16 step's three MMAs go into a fresh
+// fragment, added to acc — the one place both kernels below do their MMAs, so their bits agree.
+template <int RT, int NT>
+__device__ __forceinline__ void mma_k32(const uint4 (&w)[RT][2], const uint32_t (&bf)[NT][2][3][2], float (&acc)[RT][NT][4]) {
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
+      const uint4 wg = w[rt][0], wg8 = w[rt][1];
+      const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma3(d, a, bf[nt][s]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
+      }
+    }
+}
+
 // One 16-byte weight load. LD 1: ld.global.nc with L1::no_allocate (streamed weights do not evict x, which every block re-reads, from L1); 2: the
 // same plus the L2::256B prefetch hint (a 64-byte request fetches its whole 256-byte run from HBM).
 // volatile: the compiler must not speculate the load out of its `k < K` guard (past the buffer).
@@ -168,21 +190,7 @@ __device__ __forceinline__ void bf16_warp(const uint16_t* w16, int64_t rows, int
         x_load<NT>(xr, K, kb * 32 + 8 * t, xv[0]);
         x_split<false, NT>(xv[0], bf);
       }
-#pragma unroll
-      for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) {
-          // A: rows g | g + 8, logical columns 2t, 2t+1 (physical +0, +1) then 2t+8, 2t+9 (+2, +3).
-          const uint4 wg = wv[u][rt][0], wg8 = wv[u][rt][1];
-          const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma3(d, a, bf[nt][s]);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
-          }
-        }
+      mma_k32<RT, NT>(wv[u], bf, acc);
     }
   };
 
@@ -292,11 +300,11 @@ void launch_tile(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, flo
 // in warp order; here each thread walks the slices one after another — slice 0's blocks in k order
 // into a fresh accumulator, then slice 1's, … — and adds each finished slice to a running total
 // (total = slice 0, then total + slice 1, …): the same fp32 operations on the same values, in the same
-// order, with two accumulators an output instead of KS. The MMA fragments are the tile path's (each
-// lane reads the same 16 weight and 32 x bytes, from shared memory instead of global), and the
-// epilogue is write_tile, so an output's bits do not depend on which kernel ran
-// (tests/gpu/test_cuda_mma.cpp, PrefillGemmBits). Which kernel runs is LinearConfig::mma_gemm_min_m's
-// rule (scheduling only).
+// order, with two accumulators an output instead of KS. Each lane reads the tile path's 16 weight and
+// 32 x bytes (from shared memory instead of global), both kernels do their MMAs in mma_k32 and their
+// epilogue in write_tile, so an output's bits do not depend on which kernel ran
+// (tests/gpu/test_cuda_mma.cpp, PrefillGemmBits). Which kernel runs is mma_gemm_blocks_for's rule
+// (scheduling only).
 
 // The k32 blocks of a K of nkb blocks in a tile's reduction order: K-slice w (of KS) holds the runs
 // of UE consecutive blocks that start at (w + j·KS)·UE, j = 0, 1, …, in k order; the slices follow
@@ -420,23 +428,13 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) mma_gemm_kernel(DevMatrix 
       }
       uint32_t bf[2][2][3][2];
       x_split<false, 2>(xv, bf);
+      uint4 wf[4][2];
 #pragma unroll
-      for (int rt = 0; rt < 4; ++rt) {
-        const int r = wr * 64 + rt * 16 + g;
-        const uint4 wg = *reinterpret_cast<const uint4*>(ws + r * kGemmWPitch + 16 * t);
-        const uint4 wg8 = *reinterpret_cast<const uint4*>(ws + (r + 8) * kGemmWPitch + 16 * t);
+      for (int rt = 0; rt < 4; ++rt)
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const uint32_t a[4] = {s ? wg.z : wg.x, s ? wg8.z : wg8.x, s ? wg.w : wg.y, s ? wg8.w : wg8.y};
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma3(d, a, bf[nt][s]);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = __fadd_rn(acc[rt][nt][i], d[i]);
-          }
-        }
-      }
+        for (int h = 0; h < 2; ++h)
+          wf[rt][h] = *reinterpret_cast<const uint4*>(ws + (wr * 64 + rt * 16 + g + 8 * h) * kGemmWPitch + 16 * t);
+      mma_k32<4, 2>(wf, bf, acc);
       for (int f = order.next(); f > 0; --f) fold();
     }
   }
@@ -529,22 +527,21 @@ int64_t default_mma_gemm_min_m() {
   return v;
 }
 
+int mma_gemm_blocks_for(int64_t M, const LinearConfig& cfg) {
+  return M < cfg.mma_gemm_min_m ? 0 : cfg.mma_gemm_blocks > 0 ? cfg.mma_gemm_blocks : kMmaGemmBlocks;
+}
+
 bool mma_eligible(const DevMatrix& w, const LinearConfig& cfg) { return !w.int4 && w.rows >= cfg.mma_min_rows && w.cols % 8 == 0; }
 
 bool linear_mma(const DevMatrix& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, Epilogue ep,
                 cudaStream_t s, const LinearConfig& cfg) {
   if (!mma_eligible(w, cfg)) return false;
-  if (cfg.mma_tile < -1 || cfg.mma_tile >= kMmaTileCount)
-    fail("CUDA linear (MMA): tile ", cfg.mma_tile, " does not exist (−1: by shape, 0 … ", kMmaTileCount - 1, ")");
+  check_linear_config(cfg);
   if (M <= 0) return true;
   if (ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("CUDA linear (MMA): activations are not 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) fail("CUDA linear (MMA): weights are not 16-byte aligned");
   const int tile = cfg.mma_tile >= 0 ? cfg.mma_tile : w.rows >= kMmaTallRows ? kMmaTallTile : kMmaShortTile;
-  if (cfg.mma_gemm_min_m < 0) fail("CUDA linear (MMA): mma_gemm_min_m ", cfg.mma_gemm_min_m, " is negative");
-  if (cfg.mma_gemm_blocks < 0 || cfg.mma_gemm_blocks > 2)
-    fail("CUDA linear (MMA): mma_gemm_blocks ", cfg.mma_gemm_blocks, " is not 0 (the default), 1 or 2");
-  const int gemm = M < cfg.mma_gemm_min_m ? 0 : cfg.mma_gemm_blocks > 0 ? cfg.mma_gemm_blocks : kMmaGemmBlocks;  // 0: the tile kernel
-  kDispatch[tile](w, x, ldx, M, y, ldy, ep, gemm, s);
+  kDispatch[tile](w, x, ldx, M, y, ldy, ep, mma_gemm_blocks_for(M, cfg), s);
   return true;
 }
 
