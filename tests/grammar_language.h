@@ -141,11 +141,13 @@ inline std::vector<GrammarCase> grammar_cases() {
 
 // Every case submitted at once to an engine over `target` with the grammar; each output must equal
 // reference(case) token for token with its finish reason, grammar_incomplete must say whether the text
-// is a sentence, most sentences end ("stop") and the 2-token case is cut ("length"). Returns every
-// request's stats.
+// is a sentence, most sentences end ("stop") and the 2-token case is cut ("length"). With `shared`,
+// every request reads and fills those masks (as the server's requests with one schema do). Returns
+// every request's stats.
 inline std::vector<RequestStats> check_constrained_engine(const Target& target, const EngineOptions& opt,
                                                           const std::function<MaskedResult(const GrammarCase&)>& reference,
-                                                          const std::string& what) {
+                                                          const std::string& what,
+                                                          std::shared_ptr<grammar::SharedMasks> shared = nullptr) {
   const auto cs = grammar_cases();
   Sink sink;
   std::vector<bool> incomplete(cs.size(), false);
@@ -156,6 +158,7 @@ inline std::vector<RequestStats> check_constrained_engine(const Target& target, 
       r.prompt = cs[k].prompt;
       r.gen = cs[k].gen;
       r.grammar = language_spec();
+      r.grammar.masks = shared;
       auto cb = sink.callback(k);
       r.on_event = [cb, k, &incomplete](const EngineEvent& ev) {
         if (ev.done) incomplete[k] = ev.grammar_incomplete;

@@ -58,6 +58,7 @@ grammar::GrammarSpec compile(const BenchOptions& o, const Tokenizer& tok) {
     fail(o.json_schema.empty() ? "--gbnf " : "--json-schema ", o.json_schema.empty() ? o.gbnf : o.json_schema, ": ", e.what());
   }
   spec.vocab = std::make_shared<const gr::VocabTrie>(gr::VocabTrie::from_tokenizer(tok));
+  spec.masks = std::make_shared<gr::SharedMasks>(spec.grammar, spec.vocab);  // every run shares them, as serve's requests do
   return spec;
 }
 

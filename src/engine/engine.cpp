@@ -905,7 +905,7 @@ uint64_t Engine::submit(EngineRequest req) {
   if (req.grammar.grammar || req.grammar.vocab) {
     if (!req.grammar.grammar || !req.grammar.vocab) fail("engine: a constrained request needs both a grammar and a vocabulary");
     s->matcher = std::make_unique<grammar::Matcher>(req.grammar.grammar, req.grammar.vocab,
-                                                    gen.ignore_eos ? std::vector<int32_t>{} : gen.stop_ids);
+                                                    gen.ignore_eos ? std::vector<int32_t>{} : gen.stop_ids, req.grammar.masks);
   }
   s->req = std::move(req);
   const int64_t need = I.blocks_for(*s);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "core/error.h"
 
@@ -53,9 +54,40 @@ CompiledGrammar::CompiledGrammar(const Grammar& g) : sets(g.sets), names(g.names
     }
 }
 
-Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids)
-    : g_(std::move(g)), vocab_(std::move(vocab)), stop_ids_(std::move(stop_ids)) {
+SharedMasks::SharedMasks(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, size_t max_bytes)
+    : g_(std::move(g)), vocab_(std::move(vocab)), max_bytes_(max_bytes) {
+  if (!g_ || !vocab_) fail("shared grammar masks: no grammar or vocabulary");
+}
+
+SharedMasks::Mask SharedMasks::find(const std::string& key) const {
+  std::shared_lock lock(mu_);
+  auto it = masks_.find(key);
+  if (it == masks_.end()) {
+    ++misses_;
+    return nullptr;
+  }
+  ++hits_;
+  return it->second;
+}
+
+void SharedMasks::insert(const std::string& key, Mask m) {
+  const size_t bytes = key.size() + m->size() * sizeof(uint32_t);
+  std::unique_lock lock(mu_);
+  if (bytes_ + bytes > max_bytes_) return;
+  if (masks_.emplace(key, std::move(m)).second) bytes_ += bytes;
+}
+
+SharedMasks::Stats SharedMasks::stats() const {
+  std::shared_lock lock(mu_);
+  return {hits_.load(), misses_.load(), int64_t(masks_.size()), int64_t(bytes_)};
+}
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids,
+                 std::shared_ptr<SharedMasks> shared)
+    : g_(std::move(g)), vocab_(std::move(vocab)), stop_ids_(std::move(stop_ids)), shared_(std::move(shared)) {
   if (!g_ || !vocab_) fail("grammar matcher: no grammar or vocabulary");
+  if (shared_ && (shared_->grammar() != g_.get() || shared_->vocab() != vocab_.get()))
+    fail("grammar matcher: the shared masks are for another grammar or vocabulary");
   for (int32_t id : stop_ids_)
     if (id < 0 || id >= vocab_->vocab_size()) fail("grammar matcher: stop id ", id, " is outside the vocabulary");
   for (const CompiledGrammar::Elem& e : g_->elems)
@@ -258,14 +290,47 @@ bool Matcher::can_continue(State s) const {
   return e > b && state_members_[size_t(e - 1)] >= 0;
 }
 
+std::string Matcher::shared_key(State s) {
+  // Each stack as its elements top first, ended by −1 (the empty, accepting stack: just the −1).
+  std::vector<std::vector<int32_t>> lists;
+  size_t ints = stop_ids_.size() + 1;
+  for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
+    std::vector<int32_t> list;
+    for (int32_t st = state_members_[size_t(k)]; st >= 0; st = node_parent_[size_t(st)]) {
+      list.push_back(node_pos_[size_t(st)]);
+      if (ints + list.size() > kMaxSharedKeyInts) return {};
+    }
+    list.push_back(-1);
+    ints += list.size();
+    if (ints > kMaxSharedKeyInts) return {};
+    lists.push_back(std::move(list));
+  }
+  spend(int64_t(ints + 15) / 16);
+  std::sort(lists.begin(), lists.end());
+  std::vector<int32_t> flat(stop_ids_);
+  std::sort(flat.begin(), flat.end());
+  flat.push_back(-2);
+  for (const auto& l : lists) flat.insert(flat.end(), l.begin(), l.end());
+  return std::string(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(int32_t));
+}
+
 const std::vector<uint32_t>& Matcher::mask(State s) {
   const size_t words = (size_t(vocab_->vocab_size()) + 31) / 32;
   if (auto it = masks_.find(s); it != masks_.end()) {
     ++stats_.masks_cached;
-    return it->second;
+    return *(last_mask_ = it->second);
   }
+  if (masks_.size() >= kMaxMasks) masks_.clear();
+  const std::string key = shared_ && s != kDead ? shared_key(s) : std::string();
+  if (!key.empty())
+    if (SharedMasks::Mask m = shared_->find(key)) {
+      ++stats_.masks_shared;
+      stats_.states = int64_t(state_begin_.size()) - 1;
+      stats_.stacks = int64_t(node_pos_.size());
+      return *(last_mask_ = masks_[s] = std::move(m));
+    }
   ++stats_.masks_computed;
-  mask_out_.assign(words, 0);
+  std::vector<uint32_t> out(words, 0);
   const VocabTrie& v = *vocab_;
   walk_[0] = s;
   const int32_t n = s == kDead ? 0 : v.n_nodes();
@@ -276,7 +341,7 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
     if (v.plain_subtree(i) && loops_on_plain(walk_[size_t(d - 1)])) {
       // Inside a JSON string (or any state that ignores plain bytes): the subtree's tokens all
       // lead back to this state, so all are allowed without walking them.
-      for (const int32_t* id = v.tokens_begin(i); id != v.subtree_tokens_end(i); ++id) mask_out_[size_t(*id) >> 5] |= 1u << (*id & 31);
+      for (const int32_t* id = v.tokens_begin(i); id != v.subtree_tokens_end(i); ++id) out[size_t(*id) >> 5] |= 1u << (*id & 31);
       i = v.subtree_end(i);
       continue;
     }
@@ -286,7 +351,7 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
       continue;
     }
     walk_[size_t(d)] = t;
-    for (const int32_t* id = v.tokens_begin(i); id != v.tokens_end(i); ++id) mask_out_[size_t(*id) >> 5] |= 1u << (*id & 31);
+    for (const int32_t* id = v.tokens_begin(i); id != v.tokens_end(i); ++id) out[size_t(*id) >> 5] |= 1u << (*id & 31);
     ++i;
   }
   stats_.trie_nodes_visited += visited;
@@ -296,14 +361,15 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
     if (st < 0) continue;
     const CompiledGrammar::Elem& e = g_->elems[size_t(node_pos_[size_t(st)])];
     if (e.kind == kToken && e.index >= 0 && e.index < v.vocab_size() && v.is_special(e.index))
-      mask_out_[size_t(e.index) >> 5] |= 1u << (e.index & 31);
+      out[size_t(e.index) >> 5] |= 1u << (e.index & 31);
   }
   if (accepting(s))
-    for (int32_t id : stop_ids_) mask_out_[size_t(id) >> 5] |= 1u << (id & 31);
+    for (int32_t id : stop_ids_) out[size_t(id) >> 5] |= 1u << (id & 31);
   stats_.states = int64_t(state_begin_.size()) - 1;
   stats_.stacks = int64_t(node_pos_.size());
-  if (masks_.size() >= kMaxMasks) masks_.clear();
-  return masks_.emplace(s, mask_out_).first->second;
+  auto m = std::make_shared<const std::vector<uint32_t>>(std::move(out));
+  if (!key.empty()) shared_->insert(key, m);
+  return *(last_mask_ = masks_[s] = std::move(m));
 }
 
 bool Matcher::loops_on_plain(State s) {

@@ -22,10 +22,17 @@
 // kWorkPerToken at each committed token): whatever the grammar, a request's matching costs at most
 // a fixed number of steps a token on the serving thread, else a kd::Error.
 //
-// Not thread-safe: one Matcher per sequence (the grammar and trie it reads are shared, read-only).
+// Masks can also be shared by every matcher of one grammar and vocabulary (SharedMasks: every
+// request with the same schema or tools), so an agent that sends the same tools with each request
+// pays a state's trie walk once per server, not once per request.
+//
+// Not thread-safe: one Matcher per sequence (the grammar and trie it reads are shared, read-only;
+// a SharedMasks is thread-safe).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -57,6 +64,35 @@ struct LimitError : kd::Error {
   using kd::Error::Error;
 };
 
+// The masks of one grammar over one vocabulary, shared by its matchers (thread-safe). A state's mask
+// is a function of what its stacks hold — their elements top first — and of the stop ids, not of
+// the ids a matcher gave them, so it is keyed by that content (Matcher::shared_key). Bounded: past
+// max_bytes (keys and masks) nothing more is kept; the states a document opens with, which every
+// request passes, are the first ones in.
+class SharedMasks {
+ public:
+  using Mask = std::shared_ptr<const std::vector<uint32_t>>;
+  static constexpr size_t kDefaultMaxBytes = size_t(4) << 20;  // ≈ 200 masks of Kimi's 163,840 tokens
+  SharedMasks(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, size_t max_bytes = kDefaultMaxBytes);
+  const CompiledGrammar* grammar() const { return g_.get(); }
+  const VocabTrie* vocab() const { return vocab_.get(); }
+  Mask find(const std::string& key) const;   // null when absent
+  void insert(const std::string& key, Mask m);  // kept unless present or the cache is full
+  struct Stats {
+    int64_t hits = 0, misses = 0, entries = 0, bytes = 0;
+  };
+  Stats stats() const;
+
+ private:
+  std::shared_ptr<const CompiledGrammar> g_;
+  std::shared_ptr<const VocabTrie> vocab_;
+  size_t max_bytes_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<std::string, Mask> masks_;
+  size_t bytes_ = 0;
+  mutable std::atomic<int64_t> hits_{0}, misses_{0};
+};
+
 class Matcher {
  public:
   using State = int32_t;
@@ -75,7 +111,10 @@ class Matcher {
   static constexpr int64_t kWorkBurst = int64_t(1) << 22;
   static constexpr int64_t kWorkPerToken = int64_t(1) << 16;
 
-  Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids);
+  // shared (optional): masks shared with the grammar's other matchers; it must be for this grammar
+  // and vocabulary.
+  Matcher(std::shared_ptr<const CompiledGrammar> g, std::shared_ptr<const VocabTrie> vocab, std::vector<int32_t> stop_ids,
+          std::shared_ptr<SharedMasks> shared = nullptr);
 
   State state() const { return cur_; }
   State advance(State s, uint8_t byte);
@@ -104,11 +143,17 @@ class Matcher {
   // Work done so far, for tests and the perf notes.
   struct Stats {
     int64_t masks_computed = 0, masks_cached = 0, trie_nodes_visited = 0, states = 0, stacks = 0, resets = 0;
+    int64_t masks_shared = 0;   // masks taken from the SharedMasks (another matcher walked them)
     int64_t closure_items = 0;  // (element, stack) pairs visited by every step so far
     int64_t work = 0;           // parser steps paid from the work budget so far (closure items included)
     int64_t closure_pops = 0;   // worklist entries the closures took (visited or not): what they really did
   };
   const Stats& stats() const { return stats_; }
+  // State s's key in a SharedMasks: the stop ids, then each stack's elements top first, the stacks in
+  // sorted order — equal for equal states of any matcher of the grammar. Empty (not shared) past
+  // kMaxSharedKeyInts.
+  std::string shared_key(State s);
+  static constexpr size_t kMaxSharedKeyInts = 4096;
   // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.
   void set_memo_limits(size_t max_stacks, size_t max_transitions) { max_stacks_ = max_stacks, max_transitions_ = max_transitions; }
   // kWorkBurst and kWorkPerToken for this matcher (tests lower them); the budget restarts full.
@@ -135,8 +180,9 @@ class Matcher {
   std::unordered_map<std::string, int32_t> state_index_;
   std::unordered_map<uint64_t, int32_t> trans_;        // state << 8 | byte → state
   std::unordered_map<uint64_t, int32_t> trans_special_;  // (state, special token id) → state
-  std::unordered_map<int32_t, std::vector<uint32_t>> masks_;
-  std::vector<uint32_t> mask_out_;
+  std::unordered_map<int32_t, SharedMasks::Mask> masks_;
+  SharedMasks::Mask last_mask_;                        // what mask() returned last (kept alive for its caller)
+  std::shared_ptr<SharedMasks> shared_;
   std::vector<int32_t> walk_;                          // [max depth + 1] states along the trie path
   std::vector<std::pair<int32_t, int32_t>> work_;      // closure worklist
   std::vector<uint64_t> seen_key_;                     // closure's visited (pos, stack) pairs: open addressing,
@@ -160,6 +206,7 @@ class Matcher {
 struct GrammarSpec {
   std::shared_ptr<const CompiledGrammar> grammar;
   std::shared_ptr<const VocabTrie> vocab;
+  std::shared_ptr<SharedMasks> masks;  // optional: the masks this grammar's other requests computed
 };
 
 }  // namespace kd::grammar

@@ -155,8 +155,9 @@ void HttpServer::route(const HttpRequest& req, HttpExchange& ex) {
     }
     if (p == "/metrics") {
       EngineMetrics em;
-      if (ready_) em = engine_->metrics();
-      return ex.reply(200, metrics_.render(ready_ ? &em : nullptr, !ready_), "text/plain; version=0.0.4");
+      GrammarCacheStats gs;
+      if (ready_) em = engine_->metrics(), gs = grammar_cache_stats(model_);
+      return ex.reply(200, metrics_.render(ready_ ? &em : nullptr, !ready_, ready_ ? &gs : nullptr), "text/plain; version=0.0.4");
     }
     if (p == "/v1/models" || p == "/models") return handle_models(ex);
     // One model, as OpenAI's GET /v1/models/{model}; ids may hold '/' (as Hugging Face names do).

@@ -62,7 +62,7 @@ void ServerMetrics::count_client_gone() {
   ++clients_gone_;
 }
 
-std::string ServerMetrics::render(const EngineMetrics* e, bool loading) const {
+std::string ServerMetrics::render(const EngineMetrics* e, bool loading, const GrammarCacheStats* g) const {
   std::string out;
   metric(out, "kdtree_model_loading", "gauge", "1 while the model loads (requests get 503)", loading ? 1 : 0);
   if (e) {
@@ -85,6 +85,17 @@ std::string ServerMetrics::render(const EngineMetrics* e, bool loading) const {
     metric(out, "kdtree_spec_accepted_tokens_total", "counter", "Accepted drafted tokens", double(e->spec_accepted));
     metric(out, "kdtree_spec_mean_accepted_length", "gauge", "Tokens committed per speculative round (tau)",
            e->spec_rounds > 0 ? double(e->spec_accepted + e->spec_rounds) / double(e->spec_rounds) : 0.0);
+  }
+  if (g) {
+    metric(out, "kdtree_grammar_cache_hits_total", "counter",
+           "Constrained requests whose schema / grammar / strict tools were compiled for an earlier request", double(g->hits));
+    metric(out, "kdtree_grammar_cache_misses_total", "counter", "Constrained requests that compiled their grammar", double(g->misses));
+    metric(out, "kdtree_grammar_cache_entries", "gauge", "Compiled grammars kept", double(g->entries));
+    metric(out, "kdtree_grammar_masks_shared_total", "counter",
+           "Token masks a constrained request found computed by an earlier request with its grammar", double(g->mask_hits));
+    metric(out, "kdtree_grammar_masks_walked_total", "counter", "Token masks a constrained request computed by a vocabulary walk (states a shared mask can key)",
+           double(g->mask_misses));
+    metric(out, "kdtree_grammar_masks_bytes", "gauge", "Bytes of shared token masks kept", double(g->mask_bytes));
   }
   std::lock_guard<std::mutex> lk(mu_);
   ttft_.render("kdtree_time_to_first_token_seconds", "Request arrival to first generated token", out);

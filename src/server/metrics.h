@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/prepare.h"
 
 namespace kd {
 
@@ -34,7 +35,8 @@ class ServerMetrics {
   void observe_request(double ttft_s, double tpot_s, bool has_tpot, double e2e_s);
   void count_response(int status);
   void count_client_gone();  // a client left before its answer was complete; its request was cancelled
-  std::string render(const EngineMetrics* engine, bool loading) const;  // engine null while loading
+  // engine and grammars null while loading
+  std::string render(const EngineMetrics* engine, bool loading, const GrammarCacheStats* grammars = nullptr) const;
 
  private:
   mutable std::mutex mu_;

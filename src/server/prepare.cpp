@@ -67,6 +67,19 @@ std::vector<int32_t> stop_ids_for(const ApiRequest& req, const ServedModel& m) {
 grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel& m, const std::string& tool_gbnf) {
   namespace gr = kd::grammar;
   const std::string param = !tool_gbnf.empty() ? "tools" : req.constraint == ApiRequest::Constraint::gbnf ? "grammar" : "response_format";
+  // What the grammar is a function of: the kind, strict, and the source (the tools' grammar is text).
+  const std::string key = cat(int(req.constraint), req.constraint_strict ? "s" : "-", '\0', req.constraint_source, '\0', tool_gbnf);
+  ServedModel::GrammarCache& cache = *m.grammar_cache;
+  {
+    std::lock_guard lock(cache.mu);
+    for (auto it = cache.lru.begin(); it != cache.lru.end(); ++it)
+      if (it->first == key) {
+        cache.lru.splice(cache.lru.begin(), cache.lru, it);
+        ++cache.hits;
+        return it->second;
+      }
+    ++cache.misses;
+  }
   // Token references (<|tool_call_begin|>, <[id]>) resolve to the model's special tokens.
   const gr::SpecialTokens specials = [&m](std::string_view name) { return m.tokenizer->special_id(name); };
   gr::GrammarSpec spec;
@@ -96,6 +109,14 @@ grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel
   ServedModel::LazyVocab& lv = *m.grammar_vocab;
   std::call_once(lv.once, [&] { lv.trie = std::make_shared<const gr::VocabTrie>(gr::VocabTrie::from_tokenizer(*m.tokenizer)); });
   spec.vocab = lv.trie;
+  spec.masks = std::make_shared<gr::SharedMasks>(spec.grammar, spec.vocab);
+  std::lock_guard lock(cache.mu);
+  cache.lru.emplace_front(key, spec);
+  if (cache.lru.size() > ServedModel::GrammarCache::kEntries) {
+    const gr::SharedMasks::Stats gone = cache.lru.back().second.masks->stats();
+    cache.gone_mask_hits += gone.hits, cache.gone_mask_misses += gone.misses;
+    cache.lru.pop_back();
+  }
   return spec;
 }
 
@@ -106,6 +127,17 @@ int count_tool_calls(const std::vector<ChatMessage>& msgs) {
 }
 
 }  // namespace
+
+GrammarCacheStats grammar_cache_stats(const ServedModel& m) {
+  ServedModel::GrammarCache& cache = *m.grammar_cache;
+  std::lock_guard lock(cache.mu);
+  GrammarCacheStats st{cache.hits, cache.misses, int64_t(cache.lru.size()), cache.gone_mask_hits, cache.gone_mask_misses, 0};
+  for (const auto& [key, spec] : cache.lru) {
+    const grammar::SharedMasks::Stats ms = spec.masks->stats();
+    st.mask_hits += ms.hits, st.mask_misses += ms.misses, st.mask_bytes += ms.bytes;
+  }
+  return st;
+}
 
 PreparedRequest prepare_request(const ApiRequest& req, const ServedModel& m) {
   PreparedRequest p;

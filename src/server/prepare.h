@@ -4,6 +4,7 @@
 // parser's settings. No I/O and no engine: unit-testable with a tokenizer.
 #pragma once
 #include <cstdint>
+#include <list>
 #include <nlohmann/json_fwd.hpp>
 #include <memory>
 #include <mutex>
@@ -44,7 +45,28 @@ struct ServedModel {
     std::shared_ptr<const grammar::VocabTrie> trie;
   };
   std::shared_ptr<LazyVocab> grammar_vocab = std::make_shared<LazyVocab>();
+  // Compiled constraints (response_format, grammar, strict tools) by their source, so requests that
+  // repeat a schema or a tool set — an agent's every turn — share the compiled grammar and the masks
+  // its earlier requests computed (grammar::SharedMasks). The least recently used goes past kEntries:
+  // at most kEntries × SharedMasks::kDefaultMaxBytes of masks (64 MB).
+  struct GrammarCache {
+    static constexpr size_t kEntries = 16;
+    std::mutex mu;
+    std::list<std::pair<std::string, grammar::GrammarSpec>> lru;  // most recently used first
+    int64_t hits = 0, misses = 0;
+    int64_t gone_mask_hits = 0, gone_mask_misses = 0;  // the mask counters of grammars dropped from lru
+  };
+  std::shared_ptr<GrammarCache> grammar_cache = std::make_shared<GrammarCache>();
 };
+
+// The grammar cache's counters for /metrics: compiled grammars found / compiled and kept; masks found
+// in a grammar's SharedMasks (another request walked them) / walked, over every grammar cached since
+// the start (monotonic); the bytes of masks kept now.
+struct GrammarCacheStats {
+  int64_t hits = 0, misses = 0, entries = 0;
+  int64_t mask_hits = 0, mask_misses = 0, mask_bytes = 0;
+};
+GrammarCacheStats grammar_cache_stats(const ServedModel& model);
 
 struct PreparedRequest {
   std::vector<int32_t> prompt;

@@ -3,7 +3,9 @@
 // that builds is then run: the rest of the input is fed to its matcher byte by byte over a small
 // vocabulary (the 256 bytes, a few multi-byte tokens, a stop id), with a mask at every step, and a
 // mask must agree with allowed() for every token. A matcher may refuse a grammar too ambiguous to
-// match or past its work budget (kd::Error), never run exponentially long.
+// match or past its work budget (kd::Error), never run exponentially long. The walk's masks go into a
+// SharedMasks, and a second matcher with a memo small enough to be dropped and rebuilt under other
+// ids replays the walk reading them: each of its masks must equal the first matcher's.
 // Input: byte 0 chooses the front end (mod 3: GBNF, JSON Schema, regex); then the source text up to
 // the first NUL; the bytes after it are the walk.
 #include <cstddef>
@@ -59,8 +61,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   std::unique_ptr<g::Matcher> mp;
+  const auto shared = std::make_shared<g::SharedMasks>(cg, vocab);
   try {
-    mp = std::make_unique<g::Matcher>(cg, vocab, std::vector<int32_t>{vocab->vocab_size() - 1});
+    mp = std::make_unique<g::Matcher>(cg, vocab, std::vector<int32_t>{vocab->vocab_size() - 1}, shared);
   } catch (const kd::Error&) {
     return 0;  // e.g. <[id]> naming a token that is not special here
   }
@@ -70,6 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // most 2^20 + 64 · 2^14 parser steps (≈ 0.45 s under ASan at the ≈ 0.2 µs a step measured), so a
   // timeout is work the budget does not count — the bug this target looks for — not budgeted work.
   m.set_work_limits(g::Matcher::kWorkBurst / 4, g::Matcher::kWorkPerToken / 4);
+  std::vector<std::vector<uint32_t>> masks;
+  std::vector<int32_t> committed;
   try {
     for (size_t i = 0; i < walk.size() && i < 64; ++i) {
       const std::vector<uint32_t> mask = m.mask(m.state());
@@ -77,9 +82,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (bool((mask[size_t(id) >> 5] >> (id & 31)) & 1) != m.allowed(m.state(), id)) std::abort();
       const int32_t tok = uint8_t(walk[i]) % vocab->vocab_size();
       if (!m.commit(tok)) continue;
+      masks.push_back(mask);
+      committed.push_back(tok);
     }
   } catch (const kd::Error&) {
     return 0;  // too ambiguous to match (kMaxStacksPerState) or past the work budget: the request fails cleanly
+  }
+  try {
+    g::Matcher again(cg, vocab, std::vector<int32_t>{vocab->vocab_size() - 1}, shared);
+    again.set_memo_limits(16, 16);
+    again.set_work_limits(g::Matcher::kWorkBurst / 4, g::Matcher::kWorkPerToken / 4);
+    for (size_t i = 0; i < committed.size(); ++i) {
+      if (again.mask(again.state()) != masks[i]) std::abort();
+      if (!again.commit(committed[i])) std::abort();
+    }
+  } catch (const kd::Error&) {
+    return 0;  // the small memo's rebuilds can cost more work than the first walk did
   }
   return 0;
 }

@@ -315,3 +315,24 @@ def test_strict_tools_auto_text_or_valid_calls(client):
 def test_strict_tools_and_response_format_is_400(server):
     status, _, r = server.post("/v1/chat/completions", {"messages": MSGS, "tools": TOOLS, "response_format": {"type": "json_object"}})
     assert status == 400 and "strict tools" in r["error"]["message"]
+
+
+def test_a_repeated_schema_reuses_its_grammar_and_masks(client, server):
+    """A schema sent again (an agent sends its tools every turn) is compiled once, and the masks its first
+    request walked serve the second: with the same seed the answer and its grammar states are the same, so
+    the second request walks none (/metrics counts both)."""
+    schema = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+              "required": ["word", "n"], "additionalProperties": False}
+    before = server.metrics()
+    first = chat(client, schema, seed=11)
+    mid = server.metrics()
+    second = chat(client, schema, seed=11)
+    after = server.metrics()
+    assert first == second
+    assert mid["kdtree_grammar_cache_misses_total"] == before["kdtree_grammar_cache_misses_total"] + 1
+    assert after["kdtree_grammar_cache_misses_total"] == mid["kdtree_grammar_cache_misses_total"]
+    assert after["kdtree_grammar_cache_hits_total"] == mid["kdtree_grammar_cache_hits_total"] + 1
+    assert mid["kdtree_grammar_masks_walked_total"] > before["kdtree_grammar_masks_walked_total"]
+    assert after["kdtree_grammar_masks_walked_total"] == mid["kdtree_grammar_masks_walked_total"]
+    assert after["kdtree_grammar_masks_shared_total"] > mid["kdtree_grammar_masks_shared_total"]
+    assert after["kdtree_grammar_masks_bytes"] > 0

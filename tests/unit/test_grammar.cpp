@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -546,6 +547,122 @@ TEST(Grammar, ALargeEnumRunsWithinTheWorkBudget) {
 TEST(Grammar, PrefixRulesRenamesDefinitionsAndReferencesOnly) {
   EXPECT_EQ(g::prefix_rules("root ::= a \"a b\\\" a\" [a\\]] <a> b # a\na ::= \"x\" ws\nws ::= [ ]*\n", "p-"),
             "p-root ::= p-a \"a b\\\" a\" [a\\]] <a> b # a\np-a ::= \"x\" p-ws\np-ws ::= [ ]*\n");
+}
+
+}  // namespace
+
+namespace {
+
+// Greedy longest-match ids of `doc` over the fixture's vocabulary (the 256 bytes always match).
+std::vector<int32_t> greedy_ids(const g::VocabTrie& v, const std::string& doc) {
+  std::vector<int32_t> ids;
+  for (size_t at = 0; at < doc.size();) {
+    int32_t best = -1;
+    size_t len = 0;
+    for (int32_t id = 0; id < v.vocab_size(); ++id) {
+      const std::string& t = v.token_bytes(id);
+      if (!v.is_special(id) && t.size() > len && doc.compare(at, t.size(), t) == 0) best = id, len = t.size();
+    }
+    ids.push_back(best);
+    at += len;
+  }
+  return ids;
+}
+
+const char* const kToolSchema =
+    R"({"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"]},"days":{"type":"integer"},)"
+    R"("tags":{"type":"array","items":{"type":"string"}}},"required":["city","unit","days"],"additionalProperties":false})";
+
+TEST(Grammar, SharedMasksEqualEachMatchersOwnWalks) {
+  const Fixture fx({"{\"", "\": \"", "\", \"", "\": ", ", \"", "\"]}", "city", "unit", "days", "tags", "celsius", "fahr", "enheit",
+                    "Paris", " is", "12", "3}", "\"]", "[\"", "\"}", "é"});
+  g::JsonGrammarOptions jo;
+  jo.any_whitespace = false;
+  auto cg = std::make_shared<const g::CompiledGrammar>(g::json_schema_grammar(ojson::parse(kToolSchema), jo));
+  auto shared = std::make_shared<g::SharedMasks>(cg, fx.vocab);
+  const std::vector<std::string> docs = {
+      R"({"city": "Paris is é", "unit": "celsius", "days": 123})",
+      R"({"city": "Lyon", "unit": "fahrenheit", "days": 12, "tags": ["a", "b"]})",
+      R"({"city": "Paris", "unit": "celsius", "days": 3})",
+  };
+  // Each document through a matcher that shares (some with a memo small enough to be dropped and
+  // rebuilt under other ids, some without stop ids, as ignore_eos asks) against one that walks alone.
+  int64_t shared_hits = 0;
+  for (size_t round = 0; round < 2; ++round)
+    for (size_t d = 0; d < docs.size(); ++d) {
+      const std::vector<int32_t> stops = d % 2 ? std::vector<int32_t>{} : std::vector<int32_t>{fx.stop};
+      g::Matcher own(cg, fx.vocab, stops), with(cg, fx.vocab, stops, shared);
+      if (d == 2) with.set_memo_limits(8, 8);
+      for (int32_t id : greedy_ids(*fx.vocab, docs[d])) {
+        ASSERT_EQ(with.mask(with.state()), own.mask(own.state())) << "document " << d << " round " << round << " before token " << id;
+        ASSERT_TRUE(own.commit(id));
+        ASSERT_TRUE(with.commit(id));
+      }
+      ASSERT_EQ(with.mask(with.state()), own.mask(own.state()));  // the end: the stop id only with stop ids
+      EXPECT_TRUE(own.finished());
+      EXPECT_EQ(own.stats().masks_shared, 0);
+      if (d == 2) {
+        EXPECT_GT(with.stats().resets, 0);
+      }
+      if (round == 1) {
+        EXPECT_EQ(with.stats().masks_computed, 0) << "document " << d << ": every state was walked in round 0";
+      }
+      shared_hits += with.stats().masks_shared;
+    }
+  const g::SharedMasks::Stats st = shared->stats();
+  EXPECT_EQ(st.hits, shared_hits);
+  EXPECT_GT(st.hits, 40);
+  EXPECT_GT(st.entries, 20);
+
+  // Masks for another grammar or vocabulary are refused; a full cache keeps nothing and changes nothing.
+  auto other = std::make_shared<const g::CompiledGrammar>(g::parse_gbnf("root ::= \"x\""));
+  EXPECT_THROW(g::Matcher(other, fx.vocab, {fx.stop}, shared), kd::Error);
+  EXPECT_THROW(g::Matcher(cg, Fixture().vocab, {fx.stop}, shared), kd::Error);
+  auto tiny = std::make_shared<g::SharedMasks>(cg, fx.vocab, 16);  // less than one mask
+  g::Matcher own(cg, fx.vocab, {fx.stop}), with(cg, fx.vocab, {fx.stop}, tiny);
+  for (int32_t id : greedy_ids(*fx.vocab, docs[0])) {
+    ASSERT_EQ(with.mask(with.state()), own.mask(own.state()));
+    ASSERT_TRUE(own.commit(id) && with.commit(id));
+  }
+  EXPECT_EQ(tiny->stats().entries, 0);
+  EXPECT_EQ(tiny->stats().bytes, 0);
+}
+
+TEST(Grammar, SharedMasksFromManyThreadsAtOnce) {
+  // Matchers on four threads fill and read one SharedMasks together; each thread's masks equal the
+  // ones a lone matcher computes for the same document.
+  const Fixture fx({"{\"", "\": \"", "\", \"", "\": ", "city", "unit", "days", "celsius", "fahrenheit"});
+  g::JsonGrammarOptions jo;
+  jo.any_whitespace = false;
+  auto cg = std::make_shared<const g::CompiledGrammar>(g::json_schema_grammar(ojson::parse(kToolSchema), jo));
+  const std::vector<std::string> docs = {R"({"city": "A", "unit": "celsius", "days": 1})", R"({"city": "Bb", "unit": "fahrenheit", "days": 22})",
+                                         R"({"city": "A", "unit": "fahrenheit", "days": 1, "tags": []})", R"({"city": "", "unit": "celsius", "days": 0})"};
+  std::vector<std::vector<std::vector<uint32_t>>> want(docs.size());
+  for (size_t d = 0; d < docs.size(); ++d) {
+    g::Matcher m(cg, fx.vocab, {fx.stop});
+    for (int32_t id : greedy_ids(*fx.vocab, docs[d])) {
+      want[d].push_back(m.mask(m.state()));
+      ASSERT_TRUE(m.commit(id));
+    }
+  }
+  auto shared = std::make_shared<g::SharedMasks>(cg, fx.vocab);
+  std::vector<int> bad(docs.size() * 8, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < docs.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (size_t rep = 0; rep < 8; ++rep) {
+        const size_t d = (t + rep) % docs.size();
+        g::Matcher m(cg, fx.vocab, {fx.stop}, shared);
+        size_t step = 0;
+        for (int32_t id : greedy_ids(*fx.vocab, docs[d])) {
+          if (m.mask(m.state()) != want[d][step++]) ++bad[t * 8 + rep];
+          m.commit(id);
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (size_t i = 0; i < bad.size(); ++i) EXPECT_EQ(bad[i], 0) << "thread " << i / 8 << " run " << i % 8;
+  EXPECT_GT(shared->stats().hits, 0);
 }
 
 }  // namespace

@@ -52,6 +52,15 @@ TEST(GrammarEngine, ConstrainedOutputEqualsBruteForceMaskedAR) {
   EngineOptions batch = alone;
   batch.n_parallel = 6;
   run_and_check(batch, "batch of 6");
+  // The six requests sharing their masks (the server's grammar cache), at once and then again: the
+  // same outputs, and the second pass finds masks the first computed.
+  const grammar::GrammarSpec spec = test::language_spec();
+  auto shared = std::make_shared<grammar::SharedMasks>(spec.grammar, spec.vocab);
+  test::check_constrained_engine(model(), batch, [](const test::GrammarCase& c) { return reference(c.prompt, c.gen); }, "shared masks", shared);
+  const int64_t first_hits = shared->stats().hits, entries = shared->stats().entries;
+  EXPECT_GT(entries, 0);
+  test::check_constrained_engine(model(), alone, [](const test::GrammarCase& c) { return reference(c.prompt, c.gen); }, "shared masks again", shared);
+  EXPECT_GT(shared->stats().hits, first_hits);
 }
 
 TEST(GrammarEngine, DDTreeUnderAGrammarEqualsMaskedAR) {

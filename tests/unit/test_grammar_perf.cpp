@@ -4,8 +4,10 @@
 // pads it to that size with tokens made by joining two of its tokens (deterministic), so the trie
 // has Kimi's token count and realistic lengths. A document valid under each schema is cut into
 // tokens by greedy longest match over the vocabulary, then every step's mask is timed (first visit
-// of a state: a trie walk; a state seen before: cached) and printed. It asserts only that every
-// token of the document is allowed.
+// of a state: a trie walk; a state seen before: cached) and printed — twice, as two requests with
+// the same schema through one SharedMasks (the server's grammar cache), the second finding every
+// mask the first walked. It asserts that every token of the document is allowed and that the
+// second request walks nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,6 +50,16 @@ std::string b64decode(const std::string& s) {
   return out;
 }
 
+// Mean / max ms of the steps that found their mask ready.
+std::string warm_summary(std::vector<double> v) {
+  if (v.empty()) return "none";
+  double sum = 0;
+  for (double x : v) sum += x;
+  char buf[96];
+  snprintf(buf, sizeof buf, "mean %.4f ms, max %.4f", sum / double(v.size()), *std::max_element(v.begin(), v.end()));
+  return buf;
+}
+
 TEST(GrammarPerf, MaskCostPerStepOnALargeVocabulary) {
   const char* path = std::getenv("KDTREE_GRAMMAR_VOCAB");
   if (!path) GTEST_SKIP() << "set KDTREE_GRAMMAR_VOCAB to a tiktoken file (docs/perf.md)";
@@ -79,7 +91,9 @@ TEST(GrammarPerf, MaskCostPerStepOnALargeVocabulary) {
   jo.any_whitespace = false;  // the server's setting
   for (const auto& [schema, doc] : cases) {
     auto cg = std::make_shared<const g::CompiledGrammar>(g::json_schema_grammar(nlohmann::ordered_json::parse(schema), jo));
-    g::Matcher m(cg, trie, {int32_t(vocab.size() - 1)});
+    // Two requests with this schema, as the server runs them: the second's matcher finds the first's
+    // masks in the grammar's SharedMasks.
+    auto shared = std::make_shared<g::SharedMasks>(cg, trie);
     // Greedy longest-match tokens of the document, through the trie's byte strings.
     std::vector<int32_t> ids;
     for (size_t at = 0; at < std::string(doc).size();) {
@@ -93,6 +107,8 @@ TEST(GrammarPerf, MaskCostPerStepOnALargeVocabulary) {
       ids.push_back(best);
       at += best_len;
     }
+    for (int request = 1; request <= 2; ++request) {
+    g::Matcher m(cg, trie, {int32_t(vocab.size() - 1)}, shared);
     std::vector<double> cold, warm;
     for (int32_t id : ids) {
       const int64_t before = m.stats().masks_computed;
@@ -108,11 +124,16 @@ TEST(GrammarPerf, MaskCostPerStepOnALargeVocabulary) {
     double sum = 0;
     for (double x : cold) sum += x;
     const auto& s = m.stats();
-    printf("%zu steps: %zu trie walks (mean %.3f ms, median %.3f, max %.3f), %zu cached; %lld trie nodes visited, %lld states, %lld stacks, "
-           "%lld closure items, %lld parser steps paid (Matcher::kWorkPerToken %lld a token)\n",
-           ids.size(), cold.size(), cold.empty() ? 0 : sum / double(cold.size()), cold.empty() ? 0 : cold[cold.size() / 2],
-           cold.empty() ? 0 : cold.back(), warm.size(), (long long)s.trie_nodes_visited, (long long)s.states, (long long)s.stacks,
-           (long long)s.closure_items, (long long)s.work, (long long)g::Matcher::kWorkPerToken);
+    printf("request %d, %zu steps: %zu trie walks (mean %.3f ms, median %.3f, max %.3f), %zu from this request's cache or the shared "
+           "masks (%lld shared: %s); %lld trie nodes visited, %lld states, %lld stacks, %lld closure items, %lld parser steps paid "
+           "(Matcher::kWorkPerToken %lld a token)\n",
+           request, ids.size(), cold.size(), cold.empty() ? 0 : sum / double(cold.size()), cold.empty() ? 0 : cold[cold.size() / 2],
+           cold.empty() ? 0 : cold.back(), warm.size(), (long long)s.masks_shared, warm_summary(warm).c_str(), (long long)s.trie_nodes_visited,
+           (long long)s.states, (long long)s.stacks, (long long)s.closure_items, (long long)s.work, (long long)g::Matcher::kWorkPerToken);
+    if (request == 2) {
+      EXPECT_EQ(s.masks_computed, 0) << "the second request walked a state the first had walked";
+    }
+    }
   }
 }
 
