@@ -293,7 +293,7 @@ bool Matcher::can_continue(State s) const {
 std::string Matcher::shared_key(State s) {
   // Each stack as its elements top first, ended by −1 (the empty, accepting stack: just the −1).
   std::vector<std::vector<int32_t>> lists;
-  size_t ints = stop_ids_.size() + 1;
+  size_t ints = (accepting(s) ? stop_ids_.size() : 0) + 1;
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     std::vector<int32_t> list;
     for (int32_t st = state_members_[size_t(k)]; st >= 0; st = node_parent_[size_t(st)]) {
@@ -307,7 +307,9 @@ std::string Matcher::shared_key(State s) {
   }
   spend(int64_t(ints + 15) / 16);
   std::sort(lists.begin(), lists.end());
-  std::vector<int32_t> flat(stop_ids_);
+  // The stop ids matter only where the grammar may end (they are allowed there): elsewhere requests
+  // with other stop ids (chat and completions, ignore_eos) share the mask.
+  std::vector<int32_t> flat = accepting(s) ? stop_ids_ : std::vector<int32_t>{};
   std::sort(flat.begin(), flat.end());
   flat.push_back(-2);
   for (const auto& l : lists) flat.insert(flat.end(), l.begin(), l.end());

@@ -149,9 +149,10 @@ class Matcher {
     int64_t closure_pops = 0;   // worklist entries the closures took (visited or not): what they really did
   };
   const Stats& stats() const { return stats_; }
-  // State s's key in a SharedMasks: the stop ids, then each stack's elements top first, the stacks in
-  // sorted order — equal for equal states of any matcher of the grammar. Empty (not shared) past
-  // kMaxSharedKeyInts.
+  // State s's key in a SharedMasks: the stop ids where s may end (nothing elsewhere), then each
+  // stack's elements top first, the stacks in sorted order — equal for equal states of any matcher of
+  // the grammar. Empty (not shared) past kMaxSharedKeyInts. (A mask found shared costs no parser
+  // steps, so a grammar near its work budget may pass after another request walked its states.)
   std::string shared_key(State s);
   static constexpr size_t kMaxSharedKeyInts = 4096;
   // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.

@@ -111,6 +111,8 @@ grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel
   spec.vocab = lv.trie;
   spec.masks = std::make_shared<gr::SharedMasks>(spec.grammar, spec.vocab);
   std::lock_guard lock(cache.mu);
+  for (const auto& [k, cached] : cache.lru)
+    if (k == key) return cached;  // compiled meanwhile by a request beside this one: one entry, one set of masks
   cache.lru.emplace_front(key, spec);
   if (cache.lru.size() > ServedModel::GrammarCache::kEntries) {
     const gr::SharedMasks::Stats gone = cache.lru.back().second.masks->stats();

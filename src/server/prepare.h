@@ -48,7 +48,8 @@ struct ServedModel {
   // Compiled constraints (response_format, grammar, strict tools) by their source, so requests that
   // repeat a schema or a tool set — an agent's every turn — share the compiled grammar and the masks
   // its earlier requests computed (grammar::SharedMasks). The least recently used goes past kEntries:
-  // at most kEntries × SharedMasks::kDefaultMaxBytes of masks (64 MB).
+  // SharedMasks::kDefaultMaxBytes of masks (4 MB) each for the kEntries kept, plus the grammars
+  // dropped while requests still run on them (≈ (16 + running requests) × 4 MB at most).
   struct GrammarCache {
     static constexpr size_t kEntries = 16;
     std::mutex mu;
