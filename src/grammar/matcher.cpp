@@ -340,9 +340,11 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
   for (int32_t i = 0; i < n;) {
     ++visited;
     const int32_t d = v.depth(i);
-    if (v.plain_subtree(i) && loops_on_plain(walk_[size_t(d - 1)])) {
-      // Inside a JSON string (or any state that ignores plain bytes): the subtree's tokens all
-      // lead back to this state, so all are allowed without walking them.
+    const State w = walk_[size_t(d - 1)];
+    if ((v.plain_subtree(i) && loops_on_plain(w)) || (text_skip_ && v.text_subtree(i) && loops_on_text(w))) {
+      // Inside a JSON string (or any state that ignores plain bytes, or all text): every string of
+      // the subtree is text the state takes (its tokens end at it or inside a character on the way
+      // back to it), so all are allowed without walking them.
       for (const int32_t* id = v.tokens_begin(i); id != v.subtree_tokens_end(i); ++id) out[size_t(*id) >> 5] |= 1u << (*id & 31);
       i = v.subtree_end(i);
       continue;
@@ -384,6 +386,41 @@ bool Matcher::loops_on_plain(State s) {
     loops_[size_t(s)] = all ? 1 : 0;
   }
   return loops_[size_t(s)] == 1;
+}
+
+bool Matcher::loops_on_text(State s) {
+  if (size_t(s) >= text_loops_.size()) text_loops_.resize(size_t(s) + 1, -1);
+  if (text_loops_[size_t(s)] < 0) {
+    // Every (state, decoder state) reachable from s through the bytes of characters above U+007F:
+    // a character's last byte must lead back to s, no byte on the way may die.
+    bool all = loops_on_plain(s);
+    std::vector<std::pair<State, int8_t>> todo, seen;
+    if (all) todo.push_back({s, 0});
+    while (all && !todo.empty()) {
+      const auto [t, u] = todo.back();
+      todo.pop_back();
+      if (std::find(seen.begin(), seen.end(), std::make_pair(t, u)) != seen.end()) continue;
+      seen.push_back({t, u});
+      if (seen.size() > 64) {  // a grammar that spells characters out one by one: walk them instead
+        all = false;
+        break;
+      }
+      for (int b = 0x80; b < 0x100 && all; ++b) {
+        const int8_t next = VocabTrie::utf8_step(u, uint8_t(b));
+        if (next < 0) continue;
+        const State t2 = advance(t, uint8_t(b));
+        if (next == 0)
+          all = t2 == s;
+        else if (t2 == kDead)
+          all = false;
+        else
+          todo.push_back({t2, next});
+      }
+    }
+    if (size_t(s) >= text_loops_.size()) text_loops_.resize(size_t(s) + 1, -1);  // advance may have made states
+    text_loops_[size_t(s)] = all ? 1 : 0;
+  }
+  return text_loops_[size_t(s)] == 1;
 }
 
 bool Matcher::allowed(State s, int32_t id) {
@@ -445,6 +482,7 @@ void Matcher::reset_tables() {
   trans_special_.clear();
   masks_.clear();
   loops_.clear();
+  text_loops_.clear();
   std::vector<int32_t> none;
   intern_state(none);
   std::vector<int32_t> ids;

@@ -10,7 +10,9 @@
 // the grammar is built (grammar.h).
 //
 // A mask walks the vocabulary trie (vocab_trie.h) from the state: a rejected byte prunes its whole
-// subtree; each token whose bytes are all accepted is allowed. Masks are cached per state, so a
+// subtree; each token whose bytes are all accepted is allowed; a subtree of plain or UTF-8 text from a
+// state that loops on all such text (inside a JSON string) is allowed without walking it. Masks are
+// cached per state, so a
 // state seen again (inside a JSON string, between array items) costs a copy. Stop ids are allowed
 // exactly where the grammar may end; other special tokens never are.
 //
@@ -157,6 +159,9 @@ class Matcher {
   static constexpr size_t kMaxSharedKeyInts = 4096;
   // The memo is dropped (the current state kept) at a commit past these sizes; tests lower them.
   void set_memo_limits(size_t max_stacks, size_t max_transitions) { max_stacks_ = max_stacks, max_transitions_ = max_transitions; }
+  // Whether masks skip the walk of text subtrees from states that loop on all text (on by default;
+  // tests and the perf notes turn it off to compare).
+  void set_text_skip(bool on) { text_skip_ = on; }
   // kWorkBurst and kWorkPerToken for this matcher (tests lower them); the budget restarts full.
   void set_work_limits(int64_t burst, int64_t per_token) { burst_ = budget_ = burst, per_token_ = per_token; }
 
@@ -168,6 +173,9 @@ class Matcher {
   State intern_state(std::vector<int32_t>& stacks);
   void reset_tables();  // drops the memo, keeping the current state's stacks
   bool loops_on_plain(State s);  // advance(s, b) == s for every plain byte (VocabTrie::plain_byte)
+  // loops_on_plain, and every UTF-8 character above U+007F (VocabTrie::text_subtree) leads back to s:
+  // then every text string is allowed from s (inside a JSON string, Chinese as well as ASCII).
+  bool loops_on_text(State s);
 
   std::shared_ptr<const CompiledGrammar> g_;
   std::shared_ptr<const VocabTrie> vocab_;
@@ -178,6 +186,7 @@ class Matcher {
   std::unordered_map<uint64_t, int32_t> node_index_;   // (pos, parent) → stack
   std::vector<int32_t> state_begin_, state_members_;   // [states + 1] → sorted stacks (−1: the empty stack, accepting)
   std::vector<int8_t> loops_;                          // [states] loops_on_plain: −1 not yet known
+  std::vector<int8_t> text_loops_;                     // [states] loops_on_text: −1 not yet known
   std::unordered_map<std::string, int32_t> state_index_;
   std::unordered_map<uint64_t, int32_t> trans_;        // state << 8 | byte → state
   std::unordered_map<uint64_t, int32_t> trans_special_;  // (state, special token id) → state
@@ -201,6 +210,7 @@ class Matcher {
   size_t max_stacks_ = 2'000'000, max_transitions_ = 4'000'000;
   int64_t burst_ = kWorkBurst, per_token_ = kWorkPerToken, budget_ = kWorkBurst;
   int64_t commits_ = 0;
+  bool text_skip_ = true;
 };
 
 // Everything a request needs to build its matcher: the compiled grammar and the vocabulary.

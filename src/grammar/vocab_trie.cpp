@@ -55,6 +55,49 @@ VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes, const std::vec
   for (size_t i = 0; i < byte_.size(); ++i) bad[i + 1] = bad[i] + (plain_byte(byte_[i]) ? 0 : 1);
   plain_.resize(byte_.size());
   for (size_t i = 0; i < byte_.size(); ++i) plain_[i] = bad[size_t(end_[i])] == bad[i];
+  // Text subtrees: valid[i] bit u says every string from node i down is text when the decoder is in
+  // state u before node i's byte; children first (reverse preorder), each ANDed into its parent.
+  std::vector<int32_t> parent(byte_.size()), last(size_t(max_depth_) + 1, -1);
+  for (size_t i = 0; i < byte_.size(); ++i) {
+    const int32_t d = depth_[i];
+    parent[i] = d == 1 ? -1 : last[size_t(d - 1)];
+    last[size_t(d)] = int32_t(i);
+  }
+  std::vector<uint8_t> children_ok(byte_.size(), 0xFF);  // AND of the children's valid masks
+  text_.resize(byte_.size());
+  for (size_t i = byte_.size(); i-- > 0;) {
+    uint8_t valid = 0;
+    for (int8_t u = 0; u < 8; ++u) {
+      const int8_t next = utf8_step(u, byte_[i]);
+      if (next >= 0 && ((children_ok[i] >> next) & 1)) valid |= uint8_t(1u << u);
+    }
+    text_[i] = valid & 1;
+    if (parent[i] >= 0) children_ok[size_t(parent[i])] &= valid;
+  }
+}
+
+int8_t VocabTrie::utf8_step(int8_t u, uint8_t b) {
+  const bool cont = b >= 0x80 && b <= 0xBF;
+  switch (u) {
+    case 0:  // a boundary: a plain byte, or the lead byte of a 2-, 3- or 4-byte character
+      if (b < 0x80) return plain_byte(b) ? 0 : -1;
+      if (b >= 0xC2 && b <= 0xDF) return 1;
+      if (b == 0xE0) return 3;                  // then A0–BF (no overlong forms)
+      if (b == 0xED) return 4;                  // then 80–9F (no surrogates)
+      if (b >= 0xE1 && b <= 0xEF) return 2;
+      if (b == 0xF0) return 6;                  // then 90–BF
+      if (b >= 0xF1 && b <= 0xF3) return 5;
+      if (b == 0xF4) return 7;                  // then 80–8F (≤ U+10FFFF)
+      return -1;
+    case 1: return cont ? 0 : -1;               // one continuation byte left
+    case 2: return cont ? 1 : -1;               // two left
+    case 3: return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+    case 4: return b >= 0x80 && b <= 0x9F ? 1 : -1;
+    case 5: return cont ? 2 : -1;               // three left
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;
+    case 7: return b >= 0x80 && b <= 0x8F ? 2 : -1;
+    default: return -1;
+  }
 }
 
 VocabTrie VocabTrie::from_tokenizer(const Tokenizer& tok) {

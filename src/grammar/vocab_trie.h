@@ -41,6 +41,15 @@ class VocabTrie {
   // A state that loops on every plain byte (inside a JSON string) allows the whole subtree at once.
   bool plain_subtree(int32_t i) const { return plain_[size_t(i)]; }
   static bool plain_byte(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'; }
+  // True when every byte string from node i down to a token's end (node i's byte first) is *text*:
+  // plain bytes and well-formed UTF-8 characters above U+007F (RFC 3629: no overlong forms, no
+  // surrogates, ≤ U+10FFFF), the last one possibly cut short — what a JSON string holds unescaped,
+  // Chinese included. A state that loops on every plain byte and every such character allows the
+  // whole subtree at once (Matcher::loops_on_text). Plain subtrees are text subtrees.
+  bool text_subtree(int32_t i) const { return text_[size_t(i)]; }
+  // The UTF-8 decoder behind text_subtree: u = 0 at a character boundary, 1 … 7 inside a character
+  // (what the next bytes may be); the state after byte b, or −1 where b cannot come next in text.
+  static int8_t utf8_step(int8_t u, uint8_t b);
 
  private:
   int32_t vocab_size_ = 0, max_depth_ = 0;
@@ -52,6 +61,7 @@ class VocabTrie {
   std::vector<int32_t> tok_begin_;  // [nodes + 1] into toks_
   std::vector<int32_t> toks_;       // token ids grouped by node
   std::vector<bool> plain_;         // [nodes] plain_subtree
+  std::vector<bool> text_;          // [nodes] text_subtree
 };
 
 }  // namespace kd::grammar

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -666,6 +667,59 @@ TEST(Grammar, SharedMasksFromManyThreadsAtOnce) {
   for (auto& th : threads) th.join();
   for (size_t i = 0; i < bad.size(); ++i) EXPECT_EQ(bad[i], 0) << "thread " << i / 8 << " run " << i % 8;
   EXPECT_GT(shared->stats().hits, 0);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Grammar, TextSubtreeSkipNeverChangesAMask) {
+  // A vocabulary of the 256 bytes plus text tokens (Chinese, accented, emoji, cut inside a character,
+  // starting with a continuation byte, with a quote or a backslash inside): along random walks the
+  // masks with the text-subtree skip equal the full walk's, in grammars whose strings take every
+  // character, all but one, or Latin-1 only (GBNF classes are of code points).
+  const Fixture fx({"中文", "中", "文字", "é", "ée", "\xE4\xB8", "\xAD", "\xAD\xE6\x96\x87", "😀", "\xF0\x9F", "a中\"", "中\\n", "\" ",
+                    "abc", "ab\"}", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\x7F", "é\"", "\"x"});
+  g::JsonGrammarOptions jo;
+  jo.any_whitespace = false;
+  const std::vector<std::pair<std::string, g::Grammar>> grammars = {
+      {"schema", g::json_schema_grammar(ojson::parse(R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array",)"
+                                                     R"("items":{"type":"string","maxLength":3}}},"required":["a","b"]})"),
+                                        jo)},
+      {"all but one ideograph", g::parse_gbnf("root ::= \"\\\"\" [^\"\\\\文]* \"\\\"\"")},
+      {"every character", g::parse_gbnf("root ::= \"\\\"\" [^\"\\\\]* \"\\\"\"")},
+      {"Latin-1 only", g::parse_gbnf("root ::= \"\\\"\" [ -!#-\\[\\]-~\\xA0-\\xFF]* \"\\\"\"")},
+      {"json_object", g::parse_gbnf(g::json_object_gbnf(jo))},
+  };
+  std::mt19937 rng(7);
+  for (const auto& [name, gr] : grammars) {
+    auto cg = std::make_shared<const g::CompiledGrammar>(gr);
+    int64_t skipped_nodes = 0, full_nodes = 0;
+    for (int walk = 0; walk < 40; ++walk) {
+      g::Matcher skip(cg, fx.vocab, {fx.stop}), full(cg, fx.vocab, {fx.stop});
+      full.set_text_skip(false);
+      for (int step = 0; step < 30; ++step) {
+        const std::vector<uint32_t>& m = skip.mask(skip.state());
+        ASSERT_EQ(m, full.mask(full.state())) << name << " walk " << walk << " step " << step;
+        std::vector<int32_t> ok;
+        for (int32_t id = 0; id < fx.vocab->vocab_size(); ++id)
+          if (((m[size_t(id) >> 5] >> (id & 31)) & 1) && id != fx.stop) ok.push_back(id);
+        if (ok.empty()) break;
+        // Prefer the multi-byte tokens, so walks stay inside strings with text in them.
+        std::vector<int32_t> rich;
+        for (int32_t id : ok)
+          if (id >= 256) rich.push_back(id);
+        const std::vector<int32_t>& pick = !rich.empty() && rng() % 3 ? rich : ok;
+        const int32_t id = pick[rng() % pick.size()];
+        ASSERT_TRUE(skip.commit(id));
+        ASSERT_TRUE(full.commit(id));
+      }
+      skipped_nodes += skip.stats().trie_nodes_visited, full_nodes += full.stats().trie_nodes_visited;
+    }
+    if (name == "schema" || name == "every character") {
+      EXPECT_LT(skipped_nodes, full_nodes) << name << ": the skip never applied";
+    }
+  }
 }
 
 }  // namespace
