@@ -223,7 +223,6 @@ void check_mla_case(const cuda_ops::MlaShape& s, const std::vector<std::vector<i
   for (int64_t i = 0; i < s.n; ++i) {
     cuda_ops::MlaShape s1 = s;
     s1.n = 1;
-    s1.core_heads_per_block = 0;
     std::vector<float> qi(q.begin() + i * s.H * qk, q.begin() + (i + 1) * s.H * qk);
     std::vector<int32_t> vr1 = anc[size_t(i)], vc1 = {vc[size_t(i)]};
     std::vector<float> o1(size_t(s.H * s.dv), std::nanf(""));
@@ -296,29 +295,6 @@ TEST(CudaOps, MlaAttentionShortAndLongListsInOneLaunch) {
     const std::string what = "Lr 36, 20 heads, " + std::to_string(n) + " short lists (" + std::to_string(n == 30 ? 2 : 4) + " heads a block)";
     check_mla_case(mla_shape(n, start, 20, 24, 8, 16, 36), chain_lists(n), uint32_t(seed), what.c_str());
   }
-}
-
-// Two 16-head groups a core block (MlaParams::core_heads_per_block = 32) against fp64 and against one
-// group a block, bit for bit: check_mla_case runs each row alone at the rule's choice (one group for one
-// row). K2's shapes after 1100 keys (a chain of 32) and after 4700 (a tree of 5: 15 chunks of two
-// tiles); the guarded kernel (Lr 36, 32 heads) likewise. An odd number of 16-head blocks cannot pair:
-// forcing 32 there is an error.
-TEST(CudaOps, MlaAttentionTwoHeadGroupsABlock) {
-  REQUIRE_GPU();
-  auto paired = [](cuda_ops::MlaShape s) {
-    s.core_heads_per_block = 32;
-    return s;
-  };
-  const std::vector<std::vector<int32_t>> tree = {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}};
-  check_mla_case(paired(k2_mla_shape(32, 1100, 64)), chain_lists(32), 61, "K2, 32 heads a block, chain of 32 after 1100");
-  check_mla_case(paired(mla_shape(32, 300, 32, 24, 8, 16, 36)), chain_lists(32), 62, "Lr 36, 32 heads a block, chain of 32 after 300");
-  check_mla_case(paired(k2_mla_shape(5, 4700, 64)), tree, 63, "K2, 32 heads a block, tree of 5 after 4700");
-  check_mla_case(paired(mla_shape(5, 700, 32, 24, 8, 16, 36)), tree, 64, "Lr 36, 32 heads a block, tree of 5 after 700");
-  cuda_ops::MlaShape odd = paired(k2_mla_shape(1, 300, 48));  // 3 head blocks
-  std::vector<float> q(size_t(48 * 192), 0.5f), out(size_t(48 * 128));
-  std::vector<uint16_t> cache(size_t(301 * 576), 0), kv_b(size_t(48 * 256 * 512), 0);
-  std::vector<int32_t> vr = {0}, vc = {1};
-  EXPECT_THROW(cuda_ops::mla_attention(odd, q.data(), cache, kv_b, vr, vc, out.data()), Error);
 }
 
 // Shapes off the K2 grid: fewer heads than a block takes (the fixtures' 4), a head count that leaves a

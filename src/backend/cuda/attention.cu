@@ -318,14 +318,14 @@ __host__ __device__ constexpr int64_t chunk_keys(int64_t len) {
 // q's fragments of one (row, 16 heads): [D / 32][2][3][32] uint4 (k32 step, 8-head half, part, lane).
 __host__ __device__ constexpr int64_t qfrag_uint4s(int64_t D) { return (D + 31) / 32 * 2 * 3 * 32; }
 
-// Shared memory of one 16-head group of the core for a D-column latent row: q's fragments, the tile's
-// scores [kHeads][kProbStride] (the first k half's partials), p's parts in fragment order [kTile / 16][3]
-// (uint4 a lane; before the fold, the second k half's partial scores), and per head M, L and the
-// rescale factor. A block of HG groups holds the tile's cache rows [kTile] (shared), then HG of these.
-__host__ __device__ constexpr size_t core_group_smem(int64_t D) {
-  return size_t(qfrag_uint4s(D)) * 16 + size_t(kHeads) * kProbStride * 4 + size_t(kTile / 16) * 3 * 32 * 16 + 3 * kHeads * 4;
+// Shared memory of the core for a D-column latent row: q's fragments, the tile's scores
+// [kHeads][kProbStride] (the first k half's partials), p's parts in fragment order [kTile / 16][3]
+// (uint4 a lane; before the fold, the second k half's partial scores), the tile's cache rows, and
+// per head M, L and the rescale factor.
+__host__ __device__ constexpr size_t core_smem(int64_t D) {
+  return size_t(qfrag_uint4s(D)) * 16 + size_t(kHeads) * kProbStride * 4 + size_t(kTile / 16) * 3 * 32 * 16 +
+         size_t(kTile) * 4 + 3 * kHeads * 4;
 }
-__host__ __device__ constexpr size_t core_smem(int64_t D, int HG) { return HG * core_group_smem(D) + size_t(kTile) * 4; }
 static_assert(size_t(kTile / 16) * 3 * 32 * 16 >= size_t(kHeads) * kProbStride * 4, "p's parts hold the second half's scores");
 
 // 8 bf16 of a row at columns [c, c + 8), zeros at and past lim (c, lim multiples of 4). FAST: the
@@ -383,19 +383,16 @@ __global__ void __launch_bounds__(kQfragThreads) mla_qfrag_kernel(MlaParams p, i
   q[64] = make_uint4(s0.lo, s1.lo, s2.lo, s3.lo);
 }
 
-// Grid (rows, ceil(H / kHeads) / HG, chunks); row i = i0 + blockIdx.x, unless its list is short (then
+// Grid (rows, ceil(H / kHeads), chunks); row i = i0 + blockIdx.x, unless its list is short (then
 // mla_short_kernel's). Chunk z of the row's list is the keys [z·C, min(len, (z + 1)·C)), C = chunk_keys(len). One chunk: o / L into olat; more: (o, M, L)
 // into part [rows][H][kMaxChunks][Lr + 4] for mla_combine_kernel. FAST: D % 32 == 0 and Lr % 64 == 0
-// (K2, DeepSeek-V3): no column guards. HG: 16-head groups a block (1 or 2), each 8 warps running the
-// one-group arithmetic on its own shared memory (so a head's bits never depend on HG), both reading
-// the same keys in the same order — the second group's loads of a key tile then hit L1 instead of L2.
-template <bool FAST, int HG>
-__global__ void __launch_bounds__(kCoreThreads * HG, HG == 1 ? 2 : 1) mla_core_kernel(MlaParams p, int64_t i0) {
+// (K2, DeepSeek-V3): no column guards.
+template <bool FAST>
+__global__ void __launch_bounds__(kCoreThreads, 2) mla_core_kernel(MlaParams p, int64_t i0) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
   pdl_trigger();
-  const int grp = HG == 1 ? 0 : int(threadIdx.x) / kCoreThreads, hb = int(blockIdx.y) * HG + grp;
-  const int64_t li = blockIdx.x, i = i0 + li, h0 = int64_t(hb) * kHeads;
+  const int64_t li = blockIdx.x, i = i0 + li, h0 = int64_t(blockIdx.y) * kHeads;
   const int Lr = int(p.Lr), D = Lr + int(p.dr), KB = (D + 31) / 32;
   const KeyLists& k = p.keys;
   const int start = k.start[i], len = start + k.cnt[i], bt = int(k.bt);
@@ -403,20 +400,19 @@ __global__ void __launch_bounds__(kCoreThreads * HG, HG == 1 ? 2 : 1) mla_core_k
   const int C = int(chunk_keys(len)), S = (len + C - 1) / C, z = int(blockIdx.z);
   if (z >= S) return;
   const int k0 = z * C, k1 = min(len, k0 + C);
-  // tid, warp: within the group; bid: within the block (the row fill and prefetch loops are shared).
-  const int bid = int(threadIdx.x), tid = HG == 1 ? bid : bid % kCoreThreads, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int nq = int(qfrag_uint4s(D));
-  int32_t* rows = reinterpret_cast<int32_t*>(smem);                         // [kTile], the block's
-  uint4* qs = reinterpret_cast<uint4*>(smem + kTile * 4 + grp * core_group_smem(D));  // [KB][2][3][32]
+  uint4* qs = reinterpret_cast<uint4*>(smem);                                // [KB][2][3][32]
   float* prob = reinterpret_cast<float*>(qs + nq);                          // [kHeads][kProbStride]
   uint4* ps = reinterpret_cast<uint4*>(prob + kHeads * kProbStride);         // [kTile / 16][3][32]
   float* prob2 = reinterpret_cast<float*>(ps);                               // (the second half's scores)
-  float* stM = reinterpret_cast<float*>(ps + (kTile / 16) * 3 * 32);        // [kHeads] running max
+  int32_t* rows = reinterpret_cast<int32_t*>(ps + (kTile / 16) * 3 * 32);   // [kTile]
+  float* stM = reinterpret_cast<float*>(rows + kTile);                      // [kHeads] running max
   float* stL = stM + kHeads;                                                 // [kHeads] running sum
   float* stA = stL + kHeads;                                                 // [kHeads] this tile's rescale
 
   {
-    const uint4* src = reinterpret_cast<const uint4*>(p.qfrag) + (li * gridDim.y * HG + hb) * nq;
+    const uint4* src = reinterpret_cast<const uint4*>(p.qfrag) + (li * gridDim.y + blockIdx.y) * nq;
 #pragma unroll 4
     for (int x = tid; x < nq; x += kCoreThreads) qs[x] = src[x];
   }
@@ -437,7 +433,7 @@ __global__ void __launch_bounds__(kCoreThreads * HG, HG == 1 ? 2 : 1) mla_core_k
   for (int t0 = k0; t0 < k1; t0 += kTile) {
     const int nk = min(kTile, k1 - t0), mt = (nk + 15) / 16;
     __syncthreads();  // the previous tile's rows and p are no longer read (and q's fragments are in)
-    for (int j = bid; j < nk; j += kCoreThreads * HG) {
+    for (int j = tid; j < nk; j += kCoreThreads) {
       const int tt = t0 + j;
       rows[j] = tt < start ? table[tt / bt] * bt + tt % bt : wrow[vis ? vis[tt - start] : tt - start];
     }
@@ -446,7 +442,7 @@ __global__ void __launch_bounds__(kCoreThreads * HG, HG == 1 ? 2 : 1) mla_core_k
     // on HBM, once a k32 step.
     {
       const int lines = (D * 2 + 127) / 128;
-      for (int x = bid; x < nk * lines; x += kCoreThreads * HG) {
+      for (int x = tid; x < nk * lines; x += kCoreThreads) {
         const char* a = reinterpret_cast<const char*>(p.cache + int64_t(rows[x / lines]) * D) + (x % lines) * 128;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
       }
@@ -724,11 +720,6 @@ int64_t mla_core_launch_rows() {
   return forced > 0 ? forced : kMlaCoreLaunchRows;
 }
 
-int64_t mla_core_heads_default() {
-  static const int64_t v = env_count("KDTREE_CUDA_MLA_HEADS_PER_BLOCK", 0);
-  return v;
-}
-
 int64_t mla_max_keys(int64_t, int64_t) {
   // The core folds a chunk's keys tile by tile, so shared memory does not bound a list; a key
   // position is an int32 (KeyLists), and kMaxChunks chunks of that many tiles stay far inside it.
@@ -749,7 +740,7 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
          ") a multiple of 4 (8-byte latent loads)");
   if (p.max_keys < 1) fail("CUDA MLA: the rows' key lists are bounded by ", p.max_keys, " keys; every row attends to at least itself");
   if (p.max_keys > mla_max_keys(p.Lr, p.dr)) fail("CUDA MLA: ", p.max_keys, " keys exceed the limit of ", mla_max_keys(p.Lr, p.dr));
-  const size_t smem = core_smem(p.Lr + p.dr, 1);
+  const size_t smem = core_smem(p.Lr + p.dr);
   if (smem > kMaxSmem || short_smem(p.Lr, p.dr, 1) > kMaxSmem)
     fail("CUDA MLA: a latent row of ", p.Lr + p.dr, " columns needs ", std::max(smem, short_smem(p.Lr, p.dr, 1)),
          " bytes of shared memory in the attention kernels (limit ", kMaxSmem, ")");
@@ -763,31 +754,12 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   if (any_long && p.qfrag == nullptr) fail("CUDA MLA: no q fragment buffer (MlaParams::qfrag, mla_qfrag_bytes)");
   if (!p.q || !p.kv_b || !p.cache || !p.out || !p.qlat || !p.olat)
     fail("CUDA MLA: an operand is missing (MlaParams q, kv_b, cache, out, qlat and olat must all be set)");
-  const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads), kbs = unsigned((p.Lr + p.dr + 31) / 32);
-  const int64_t launch_rows = mla_core_launch_rows();
-  // 16-head groups a core block (scheduling only: the same bits): two when the launch has rows enough
-  // to fill the GPU with half as many blocks (kMlaCoreGroupRows), the head blocks pair up and both
-  // groups' shared memory fits; MlaParams::core_heads_per_block forces 16 or 32.
-  const bool pair_fits = head_blocks % 2 == 0 && core_smem(p.Lr + p.dr, 2) <= kMaxSmem;
-  if (p.core_heads_per_block != 0 && p.core_heads_per_block != kHeads && p.core_heads_per_block != 2 * kHeads)
-    fail("CUDA MLA: core_heads_per_block ", p.core_heads_per_block, " is not 0 (the rule), ", kHeads, " or ", 2 * kHeads);
-  if (p.core_heads_per_block == 2 * kHeads && !pair_fits)
-    fail("CUDA MLA: 32 heads a core block need an even number of 16-head blocks (", head_blocks, " here) and ",
-         core_smem(p.Lr + p.dr, 2), " bytes of shared memory (limit ", kMaxSmem, ")");
-  const int HG = p.core_heads_per_block == 2 * kHeads || (p.core_heads_per_block == 0 && pair_fits &&
-                                                          std::min<int64_t>(p.n, launch_rows) >= kMlaCoreGroupRows) ? 2 : 1;
-  static std::atomic<uint64_t> opted[2][2];  // [fast][HG − 1]: devices whose limit has been raised
+  static std::atomic<uint64_t> opted_fast{0}, opted_guarded{0};  // devices whose limit has been raised
   const bool fast = (p.Lr + p.dr) % 32 == 0 && p.Lr % 64 == 0;
-  auto* core = fast ? (HG == 2 ? mla_core_kernel<true, 2> : mla_core_kernel<true, 1>)
-                    : (HG == 2 ? mla_core_kernel<false, 2> : mla_core_kernel<false, 1>);
+  auto* core = fast ? mla_core_kernel<true> : mla_core_kernel<false>;
   // (Every call, whether or not a row is long: a decode after a short prompt launches no core, and the
-  // graph captured next — at the capacity bound — must not be the first to set the attribute. Both
-  // group counts, as a graph may be captured at a batch whose count no earlier launch used.)
-  opt_in_smem(fast ? mla_core_kernel<true, 1> : mla_core_kernel<false, 1>, int(kMaxSmem), opted[fast][0],
-              "cudaFuncSetAttribute(mla_core_kernel)");
-  if (pair_fits)
-    opt_in_smem(fast ? mla_core_kernel<true, 2> : mla_core_kernel<false, 2>, int(kMaxSmem), opted[fast][1],
-                "cudaFuncSetAttribute(mla_core_kernel)");
+  // graph captured next — at the capacity bound — must not be the first to set the attribute.)
+  opt_in_smem(core, int(kMaxSmem), fast ? opted_fast : opted_guarded, "cudaFuncSetAttribute(mla_core_kernel)");
   opt_in_short<1>(p);
   opt_in_short<2>(p);
   opt_in_short<4>(p);
@@ -810,11 +782,13 @@ void mla_attention(const MlaParams& p, cudaStream_t s) {
   // Longer lists, mla_core_launch_rows() rows a launch (the q fragment and partials buffers hold that many): their
   // q fragments, the core, and the combine when a list may span chunks (rows with a short list return
   // at once; a captured graph, sized for its capacity, launches both kernels every step).
+  const unsigned head_blocks = unsigned((p.H + kHeads - 1) / kHeads), kbs = unsigned((p.Lr + p.dr + 31) / 32);
+  const int64_t launch_rows = mla_core_launch_rows();
   for (int64_t i0 = 0; any_long && i0 < p.n; i0 += launch_rows) {
     const int64_t rows = std::min<int64_t>(launch_rows, p.n - i0);
     launch("mla qfrag", mla_qfrag_kernel, dim3(unsigned(rows), head_blocks, kbs), dim3(kQfragThreads), 0, s, p, i0);
-    const dim3 grid(unsigned(rows), head_blocks / unsigned(HG), unsigned(chunks));
-    launch("mla core", core, grid, dim3(kCoreThreads * HG), core_smem(p.Lr + p.dr, HG), s, p, i0);
+    const dim3 grid(unsigned(rows), head_blocks, unsigned(chunks));
+    launch("mla core", core, grid, dim3(kCoreThreads), smem, s, p, i0);
     if (chunks > 1) launch("mla combine", mla_combine_kernel, dim3(unsigned(rows), unsigned(p.H)), dim3(128), 0, s, p, i0);
   }
   const unsigned wblocks = unsigned((p.dv + 7) / 8);

@@ -88,7 +88,6 @@ void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t
   p.dv = s.dv;
   p.Lr = s.Lr;
   p.softmax_scale = s.softmax_scale;
-  p.core_heads_per_block = s.core_heads_per_block;
   cuda::mla_attention(p, nullptr);
   check(cudaMemcpy(out, dout.p, size_t(s.n * s.H * s.dv) * 4, cudaMemcpyDeviceToHost), "download");
 }

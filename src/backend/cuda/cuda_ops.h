@@ -16,7 +16,6 @@ void linear(const Weight& w, const float* x, int64_t m, float* y);
 struct MlaShape {
   int64_t n = 0, start = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
-  int core_heads_per_block = 0;  // MlaParams::core_heads_per_block
 };
 void mla_attention(const MlaShape& s, const float* q, const std::vector<uint16_t>& cache, const std::vector<uint16_t>& kv_b,
                    const std::vector<int32_t>& vis_rows, const std::vector<int32_t>& vis_cnt, float* out);

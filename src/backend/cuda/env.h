@@ -1,8 +1,8 @@
 // Settings of the CUDA backend read once from the environment (host side). Kernel choices travel in
 // the launchers' parameters (kernel_config.h); the environment may only feed a parameter struct's
 // default, at one place, documented there — today KDTREE_CUDA_MMA_MIN_ROWS and KDTREE_CUDA_MMA_GEMM_MIN_M
-// (LinearConfig; the second scheduling only), KDTREE_CUDA_MLA_LAUNCH_ROWS (mla_core_launch_rows) and
-// KDTREE_CUDA_MLA_HEADS_PER_BLOCK (MlaParams::core_heads_per_block), both scheduling only.
+// (LinearConfig; the second scheduling only) and KDTREE_CUDA_MLA_LAUNCH_ROWS (mla_core_launch_rows,
+// scheduling only).
 // KDTREE_CUDA_PDL (the launch overlap, off by default; common.cuh: pdl_mode) chooses no kernel's
 // arithmetic and is read once where it applies. A malformed value is an error naming the variable and what it must be.
 #pragma once

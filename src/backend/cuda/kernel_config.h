@@ -2,9 +2,9 @@
 // instantiated from (the H200 sweeps' survivors — the retired configurations and their last measured
 // numbers are in docs/perf.md, "Retired kernels (issue 13)") and the per-call choice structs that
 // travel in the launchers' parameters (LinearConfig; ExpertBatch::path / imma_tile in kernels.h). Nothing here is mutable: a sweep or a test picks a
-// configuration per call, production leaves the defaults, which are the measured choice (two defaults may be
+// configuration per call, production leaves the defaults, which are the measured choice (three defaults may be
 // fed from the environment for end-to-end sweeps, read once: KDTREE_CUDA_MMA_MIN_ROWS, KDTREE_CUDA_MMA_GEMM_MIN_M,
-// KDTREE_CUDA_MLA_LAUNCH_ROWS, KDTREE_CUDA_MLA_HEADS_PER_BLOCK).
+// KDTREE_CUDA_MLA_LAUNCH_ROWS).
 //
 // Every configuration of one family writes the same bits for the shapes it is chosen by (the bf16
 // MMA tiles: the same bits for a given matrix, as the choice is a rule of the matrix's shape alone;
@@ -49,9 +49,9 @@ inline constexpr int64_t kMmaMinRows = 1024;
 inline constexpr int64_t kNoMma = std::numeric_limits<int64_t>::max();  // LinearConfig::mma_min_rows: never
 // Token rows from which an MMA linear runs as the staged prefill GEMM (LinearConfig::mma_gemm_min_m;
 // scheduling only), and its blocks an SM (LinearConfig::mma_gemm_blocks).
-// Off (never) until a GPU has run it: written and compiled in session 24 with its bit-for-bit tests
-// (CudaMma.PrefillGemmBits), but no lease came; KDTREE_CUDA_MMA_GEMM_MIN_M=128 turns it on for that run.
-inline constexpr int64_t kMmaGemmMinM = kNoMma;
+// 128 (session 25, H100, docs/perf.md "The bf16 projections as a staged GEMM"): a 4096-token prefill
+// of the 6-layer k2-slice 753.6 → 674.5 ms; KDTREE_CUDA_MMA_GEMM_MIN_M=1000000000 keeps the tile kernel.
+inline constexpr int64_t kMmaGemmMinM = 128;
 inline constexpr int kMmaGemmBlocks = 2;
 // kMmaGemmMinM, or KDTREE_CUDA_MMA_GEMM_MIN_M when set (read once; a huge value keeps every call on the
 // tile kernel, for end-to-end comparisons).
@@ -80,16 +80,8 @@ inline constexpr int64_t kMlaCoreLaunchRows = 128;
 // kMlaCoreLaunchRows, or KDTREE_CUDA_MLA_LAUNCH_ROWS when set (> 0; read once — a sweep's override, like
 // KDTREE_CUDA_MMA_MIN_ROWS).
 int64_t mla_core_launch_rows();
-// Rows of a core launch from which its blocks take two 16-head groups (512 threads, one block an SM,
-// both groups reading each key tile together, so the second group's loads hit L1): below it, one
-// group a block (more, smaller blocks for the few rows of a decode step or a small tree). Scheduling
-// only (MlaParams::core_heads_per_block forces either).
-// Off (never by the rule) until a GPU has run it (session 24: no lease came); 32 is the intended value,
-// KDTREE_CUDA_MLA_HEADS_PER_BLOCK=32 forces it for that run.
-inline constexpr int64_t kMlaCoreGroupRows = std::numeric_limits<int64_t>::max();
-// MlaParams::core_heads_per_block's default: 0 (the rule), or KDTREE_CUDA_MLA_HEADS_PER_BLOCK when set
-// (read once; 16 or 32, for end-to-end comparisons).
-int64_t mla_core_heads_default();
+// (Retired, session 25: two 16-head groups a core block of 512 threads, sharing each key tile through
+// L1 — slower than one group a block on the H100, pp4096 +3.4–4.6 %, docs/perf.md.)
 
 // ---- INT4 routed experts on the integer tensor cores (expert_imma.cu) ------------------------------
 // Tile shapes of expert_imma_kernel: WR × WT warps a block, each owning RT 16-row tiles (row warp) and

@@ -140,9 +140,6 @@ struct MlaParams {
   int64_t max_keys = 0;               // bound on every row's key count (sizes the core's chunk grid), ≥ 1
   int64_t n = 0, H = 0, dn = 0, dr = 0, dv = 0, Lr = 0;
   float softmax_scale = 1.0f;
-  // Heads a tensor-core attention block takes: 0 the rule (kernel_config.h, kMlaCoreGroupRows), 16 or 32
-  // (32 needs an even number of 16-head blocks). Scheduling only: a head's bits never depend on it.
-  int core_heads_per_block = int(mla_core_heads_default());
 };
 void mla_attention(const MlaParams& p, cudaStream_t s);
 int64_t mla_max_keys(int64_t Lr, int64_t dr);  // longest key list the attention kernels take
