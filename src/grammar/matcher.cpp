@@ -292,8 +292,11 @@ bool Matcher::can_continue(State s) const {
 
 std::string Matcher::shared_key(State s) {
   // Each stack as its elements top first, ended by −1 (the empty, accepting stack: just the −1).
+  // The stop ids matter only where the grammar may end (they are allowed there): elsewhere requests
+  // with other stop ids (chat and completions, ignore_eos) share the mask.
+  std::vector<int32_t> flat = accepting(s) ? stop_ids_ : std::vector<int32_t>{};
   std::vector<std::vector<int32_t>> lists;
-  size_t ints = (accepting(s) ? stop_ids_.size() : 0) + 1;
+  size_t ints = flat.size() + 1;
   for (int32_t k = state_begin_[size_t(s)]; k < state_begin_[size_t(s) + 1]; ++k) {
     std::vector<int32_t> list;
     for (int32_t st = state_members_[size_t(k)]; st >= 0; st = node_parent_[size_t(st)]) {
@@ -307,9 +310,6 @@ std::string Matcher::shared_key(State s) {
   }
   spend(int64_t(ints + 15) / 16);
   std::sort(lists.begin(), lists.end());
-  // The stop ids matter only where the grammar may end (they are allowed there): elsewhere requests
-  // with other stop ids (chat and completions, ignore_eos) share the mask.
-  std::vector<int32_t> flat = accepting(s) ? stop_ids_ : std::vector<int32_t>{};
   std::sort(flat.begin(), flat.end());
   flat.push_back(-2);
   for (const auto& l : lists) flat.insert(flat.end(), l.begin(), l.end());
@@ -323,13 +323,17 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
     return *(last_mask_ = it->second);
   }
   if (masks_.size() >= kMaxMasks) masks_.clear();
+  // The mask, kept for this matcher (and returned: valid until the next call).
+  auto keep = [&](SharedMasks::Mask m) -> const std::vector<uint32_t>& {
+    stats_.states = int64_t(state_begin_.size()) - 1;
+    stats_.stacks = int64_t(node_pos_.size());
+    return *(last_mask_ = masks_[s] = std::move(m));
+  };
   const std::string key = shared_ && s != kDead ? shared_key(s) : std::string();
   if (!key.empty())
     if (SharedMasks::Mask m = shared_->find(key)) {
       ++stats_.masks_shared;
-      stats_.states = int64_t(state_begin_.size()) - 1;
-      stats_.stacks = int64_t(node_pos_.size());
-      return *(last_mask_ = masks_[s] = std::move(m));
+      return keep(std::move(m));
     }
   ++stats_.masks_computed;
   std::vector<uint32_t> out(words, 0);
@@ -369,11 +373,9 @@ const std::vector<uint32_t>& Matcher::mask(State s) {
   }
   if (accepting(s))
     for (int32_t id : stop_ids_) out[size_t(id) >> 5] |= 1u << (id & 31);
-  stats_.states = int64_t(state_begin_.size()) - 1;
-  stats_.stacks = int64_t(node_pos_.size());
   auto m = std::make_shared<const std::vector<uint32_t>>(std::move(out));
   if (!key.empty()) shared_->insert(key, m);
-  return *(last_mask_ = masks_[s] = std::move(m));
+  return keep(std::move(m));
 }
 
 bool Matcher::loops_on_plain(State s) {
@@ -394,11 +396,11 @@ bool Matcher::loops_on_text(State s) {
     // Every (state, decoder state) reachable from s through the bytes of characters above U+007F:
     // a character's last byte must lead back to s, no byte on the way may die.
     bool all = loops_on_plain(s);
-    std::vector<std::pair<State, int8_t>> todo, seen;
-    if (all) todo.push_back({s, 0});
-    while (all && !todo.empty()) {
-      const auto [t, u] = todo.back();
-      todo.pop_back();
+    std::vector<std::pair<State, int8_t>> pending, seen;
+    if (all) pending.push_back({s, 0});
+    while (all && !pending.empty()) {
+      const auto [t, u] = pending.back();
+      pending.pop_back();
       if (std::find(seen.begin(), seen.end(), std::make_pair(t, u)) != seen.end()) continue;
       seen.push_back({t, u});
       if (seen.size() > 64) {  // a grammar that spells characters out one by one: walk them instead
@@ -414,7 +416,7 @@ bool Matcher::loops_on_text(State s) {
         else if (t2 == kDead)
           all = false;
         else
-          todo.push_back({t2, next});
+          pending.push_back({t2, next});
       }
     }
     if (size_t(s) >= text_loops_.size()) text_loops_.resize(size_t(s) + 1, -1);  // advance may have made states

@@ -70,14 +70,21 @@ grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel
   // What the grammar is a function of: the kind, strict, and the source (the tools' grammar is text).
   const std::string key = cat(int(req.constraint), req.constraint_strict ? "s" : "-", '\0', req.constraint_source, '\0', tool_gbnf);
   ServedModel::GrammarCache& cache = *m.grammar_cache;
-  {
-    std::lock_guard lock(cache.mu);
+  // (Under cache.mu.) The entry for key, made the most recent, or null.
+  auto cached = [&cache, &key]() -> const grammar::GrammarSpec* {
     for (auto it = cache.lru.begin(); it != cache.lru.end(); ++it)
       if (it->first == key) {
         cache.lru.splice(cache.lru.begin(), cache.lru, it);
-        ++cache.hits;
-        return it->second;
+        return &it->second;
       }
+    return nullptr;
+  };
+  {
+    std::lock_guard lock(cache.mu);
+    if (const grammar::GrammarSpec* hit = cached()) {
+      ++cache.hits;
+      return *hit;
+    }
     ++cache.misses;
   }
   // Token references (<|tool_call_begin|>, <[id]>) resolve to the model's special tokens.
@@ -111,8 +118,7 @@ grammar::GrammarSpec compile_constraint(const ApiRequest& req, const ServedModel
   spec.vocab = lv.trie;
   spec.masks = std::make_shared<gr::SharedMasks>(spec.grammar, spec.vocab);
   std::lock_guard lock(cache.mu);
-  for (const auto& [k, cached] : cache.lru)
-    if (k == key) return cached;  // compiled meanwhile by a request beside this one: one entry, one set of masks
+  if (const grammar::GrammarSpec* hit = cached()) return *hit;  // compiled meanwhile beside this request: one entry, one set of masks
   cache.lru.emplace_front(key, spec);
   if (cache.lru.size() > ServedModel::GrammarCache::kEntries) {
     const gr::SharedMasks::Stats gone = cache.lru.back().second.masks->stats();

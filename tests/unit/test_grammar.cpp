@@ -699,11 +699,15 @@ TEST(Grammar, TextSubtreeSkipNeverChangesAMask) {
       g::Matcher skip(cg, fx.vocab, {fx.stop}), full(cg, fx.vocab, {fx.stop});
       full.set_text_skip(false);
       for (int step = 0; step < 30; ++step) {
-        const std::vector<uint32_t>& m = skip.mask(skip.state());
+        const std::vector<uint32_t> m = skip.mask(skip.state());
         ASSERT_EQ(m, full.mask(full.state())) << name << " walk " << walk << " step " << step;
+        // And token by token against allowed(), which follows each token's own bytes (no trie walk).
         std::vector<int32_t> ok;
-        for (int32_t id = 0; id < fx.vocab->vocab_size(); ++id)
-          if (((m[size_t(id) >> 5] >> (id & 31)) & 1) && id != fx.stop) ok.push_back(id);
+        for (int32_t id = 0; id < fx.vocab->vocab_size(); ++id) {
+          const bool bit = (m[size_t(id) >> 5] >> (id & 31)) & 1;
+          ASSERT_EQ(bit, full.allowed(full.state(), id)) << name << " walk " << walk << " step " << step << " token " << id;
+          if (bit && id != fx.stop) ok.push_back(id);
+        }
         if (ok.empty()) break;
         // Prefer the multi-byte tokens, so walks stay inside strings with text in them.
         std::vector<int32_t> rich;
